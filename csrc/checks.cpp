@@ -1,0 +1,85 @@
+#include "checks.h"
+
+#include <c10/util/Exception.h>
+
+#include <c10/core/ScalarType.h>
+
+#include <cmath>
+#include <string>
+
+namespace flashop {
+namespace {
+
+// "torch.float32", as Python prints it, so eager and traced errors read the same.
+std::string dtype_name(at::ScalarType t) { return "torch." + std::string(c10::getDtypeNames(t).first); }
+
+// Messages are mirrored word for word by flashop/meta.py (the fake kernels).
+void check_rank4(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 4, "flashop: ", name,
+              " must be a 4-D tensor (batch, seqlen, nheads, headdim), got a ", t.dim(), "-D tensor");
+}
+
+void check_same_dtype_device(const at::Tensor& t, const char* name, const at::Tensor& q) {
+  TORCH_CHECK(t.scalar_type() == q.scalar_type(), "flashop: ", name, " must have the dtype of q (",
+              dtype_name(q.scalar_type()), "), got ", dtype_name(t.scalar_type()));
+  TORCH_CHECK(t.device() == q.device(), "flashop: ", name, " must be on the device of q (", q.device(),
+              "), got ", t.device());
+}
+
+void check_last_dim_contiguous(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, "flashop: ", name,
+              " must be contiguous in its last dimension (stride 1), got stride ", t.stride(-1));
+}
+
+}  // namespace
+
+AttentionDims check_forward_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  check_rank4(q, "q");
+  check_rank4(k, "k");
+  check_rank4(v, "v");
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+              "flashop: q must have dtype torch.float32, torch.float16 or torch.bfloat16, got ", dtype_name(dtype));
+  check_same_dtype_device(k, "k", q);
+  check_same_dtype_device(v, "v", q);
+  TORCH_CHECK(k.sizes() == v.sizes(), "flashop: k and v must have the same shape (batch, seqlen_k, nheads_k, headdim), got k ",
+              k.sizes(), " and v ", v.sizes());
+  TORCH_CHECK(k.size(0) == q.size(0), "flashop: k must have the batch size of q (", q.size(0), "), got ", k.size(0));
+  TORCH_CHECK(k.size(3) == q.size(3), "flashop: k must have the headdim of q (", q.size(3), "), got ", k.size(3));
+  const int64_t headdim = q.size(3);
+  TORCH_CHECK(headdim >= 1 && headdim <= kMaxHeadDim, "flashop: headdim must be between 1 and ", kMaxHeadDim,
+              ", got ", headdim);
+  const int64_t heads_q = q.size(2), heads_k = k.size(2);
+  TORCH_CHECK(heads_k >= 1 && heads_q % heads_k == 0,
+              "flashop: the number of query heads (", heads_q, ") must be a multiple of the number of key/value heads (",
+              heads_k, ")");
+  check_last_dim_contiguous(q, "q");
+  check_last_dim_contiguous(k, "k");
+  check_last_dim_contiguous(v, "v");
+  return {q.size(0), q.size(1), k.size(1), heads_q, heads_k, headdim};
+}
+
+void check_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
+                           const at::Tensor& softmax_lse, const AttentionDims& dims) {
+  TORCH_CHECK(dout.sizes() == q.sizes(), "flashop: dout must have the shape of q ", q.sizes(), ", got ", dout.sizes());
+  TORCH_CHECK(out.sizes() == q.sizes(), "flashop: out must have the shape of q ", q.sizes(), ", got ", out.sizes());
+  check_same_dtype_device(dout, "dout", q);
+  check_same_dtype_device(out, "out", q);
+  check_last_dim_contiguous(dout, "dout");
+  check_last_dim_contiguous(out, "out");
+  const std::vector<int64_t> lse_shape{dims.batch, dims.heads_q, dims.seqlen_q};
+  TORCH_CHECK(softmax_lse.sizes() == at::IntArrayRef(lse_shape), "flashop: softmax_lse must have shape (batch, nheads, seqlen_q) = ",
+              at::IntArrayRef(lse_shape), ", got ", softmax_lse.sizes());
+  TORCH_CHECK(softmax_lse.scalar_type() == at::kFloat, "flashop: softmax_lse must have dtype torch.float32, got ",
+              dtype_name(softmax_lse.scalar_type()));
+  TORCH_CHECK(softmax_lse.device() == q.device(), "flashop: softmax_lse must be on the device of q (", q.device(),
+              "), got ", softmax_lse.device());
+}
+
+double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t headdim) {
+  if (!softmax_scale.has_value()) return 1.0 / std::sqrt(static_cast<double>(headdim));
+  TORCH_CHECK(std::isfinite(*softmax_scale), "flashop: softmax_scale must be a finite number, got ", *softmax_scale);
+  return *softmax_scale;
+}
+
+}  // namespace flashop

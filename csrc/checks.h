@@ -1,0 +1,35 @@
+// Argument rules shared by every backend. The fake kernels in flashop/meta.py
+// enforce the same rules with the same messages, so tracing fails like eager.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <optional>
+
+namespace flashop {
+
+// Problem sizes read off validated (B, S, H, D) inputs.
+struct AttentionDims {
+  int64_t batch;
+  int64_t seqlen_q;
+  int64_t seqlen_k;
+  int64_t heads_q;
+  int64_t heads_k;
+  int64_t headdim;
+};
+
+constexpr int64_t kMaxHeadDim = 256;
+
+// q (B, Sq, Hq, D), k and v (B, Sk, Hk, D): same dtype (float32/float16/bfloat16),
+// same device, Hq % Hk == 0, 1 <= D <= 256, last dimension contiguous.
+AttentionDims check_forward_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+// dout and out shaped like q, softmax_lse (B, Hq, Sq) float32, all on q's device.
+void check_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
+                           const at::Tensor& softmax_lse, const AttentionDims& dims);
+
+// softmax_scale defaults to 1/sqrt(D); an explicit value must be finite.
+double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t headdim);
+
+}  // namespace flashop

@@ -1,0 +1,42 @@
+// Arguments of the forward kernels: plain data, no torch, no CUDA headers.
+// The glue (forward_cuda.cpp) fills it from validated tensors; every kernel
+// config reads the same struct.
+#pragma once
+
+#include <cstdint>
+
+namespace flashop {
+
+struct FwdParams {
+  // q (B, Sq, Hq, D), k and v (B, Sk, Hk, D), out (B, Sq, Hq, D): fp16 or bf16,
+  // last dimension contiguous. Base pointers are 16-byte aligned and every
+  // stride below is a multiple of 8 elements (16 bytes), so each 8-element
+  // chunk of a row can move with one 16-byte cp.async / store.
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  // softmax_lse (B, Hq, Sq) float32, natural log; row (query) stride is 1.
+  float* lse;
+
+  // Strides in elements.
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t lse_batch_stride, lse_head_stride;
+
+  int batch;
+  int seqlen_q;
+  int seqlen_k;
+  int heads_q;
+  int heads_k;
+  int head_ratio;  // heads_q / heads_k: kv_head = q_head / head_ratio (GQA/MQA)
+  int headdim;     // must equal the kernel's compile-time head dimension
+
+  float scale;       // softmax_scale (> 0; the glue folds a negative scale into q)
+  float scale_log2;  // softmax_scale * log2(e): exp(x*scale) = exp2(x*scale_log2)
+  bool causal;       // bottom-right aligned: query i sees key j iff j <= i + Sk - Sq
+};
+
+}  // namespace flashop

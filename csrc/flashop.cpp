@@ -1,0 +1,34 @@
+// The flashop operators, defined once. Backends register kernels for them:
+// csrc/cpu/ (CPU), flashop/ops.py (CUDA, through the config-dispatch policy),
+// flashop/meta.py (fake tensors for tracing), flashop/ops.py (autograd).
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#ifdef FLASHOP_WITH_CUDA
+namespace flashop::cuda {
+void register_cuda_bindings(pybind11::module_& m);
+}
+#endif
+
+TORCH_LIBRARY(flashop, m) {
+  // The fake kernels live in Python; this tells the dispatcher where.
+  m.set_python_module("flashop.meta");
+  m.def(
+      "forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
+      "str? config=None) -> (Tensor out, Tensor softmax_lse)",
+      {at::Tag::pt2_compliant_tag});
+  m.def(
+      "backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+      "float? softmax_scale=None, bool causal=False, str? config=None) -> (Tensor dq, Tensor dk, Tensor dv)",
+      {at::Tag::pt2_compliant_tag});
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "flashop native extension: registers torch.ops.flashop.* and exposes the CUDA kernel registry";
+#ifdef FLASHOP_WITH_CUDA
+  m.attr("WITH_CUDA") = true;
+  flashop::cuda::register_cuda_bindings(m);
+#else
+  m.attr("WITH_CUDA") = false;
+#endif
+}

@@ -1,0 +1,29 @@
+"""flashop: FlashAttention as a PyTorch operator.
+
+Importing the package loads the native extension, which registers
+torch.ops.flashop.forward / backward with CPU (and, in CUDA builds, CUDA)
+kernels, their fake kernels and autograd.
+"""
+import torch  # noqa: F401  (loads libtorch before the extension)
+
+from . import _C  # noqa: F401  (registers the operators)
+from . import meta  # noqa: F401  (fake kernels)
+from . import configs, dispatch, modules, ops
+from .ops import (
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    scaled_dot_product_attention,
+)
+
+__all__ = [
+    "configs",
+    "dispatch",
+    "modules",
+    "ops",
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "scaled_dot_product_attention",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,95 @@
+"""Fake (meta) kernels: output shapes and the argument rules, for tracing.
+
+Every rule and message here mirrors csrc/checks.cpp, so a bad input fails the
+same way under torch.compile / torch.export as in eager mode.
+"""
+import torch
+
+from . import dispatch
+
+MAX_HEADDIM = 256
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check(cond, message):
+    torch._check(cond, lambda: message)
+
+
+def _rank4(t, name):
+    _check(t.dim() == 4, f"flashop: {name} must be a 4-D tensor (batch, seqlen, nheads, headdim), got a {t.dim()}-D tensor")
+
+
+def _same_dtype_device(t, name, q):
+    _check(t.dtype == q.dtype, f"flashop: {name} must have the dtype of q ({q.dtype}), got {t.dtype}")
+    _check(t.device == q.device, f"flashop: {name} must be on the device of q ({q.device}), got {t.device}")
+
+
+def _last_dim_contiguous(t, name):
+    _check(t.size(-1) <= 1 or t.stride(-1) == 1,
+           f"flashop: {name} must be contiguous in its last dimension (stride 1), got stride {t.stride(-1)}")
+
+
+def check_forward_inputs(q, k, v):
+    """Returns (batch, seqlen_q, seqlen_k, heads_q, heads_k, headdim)."""
+    _rank4(q, "q")
+    _rank4(k, "k")
+    _rank4(v, "v")
+    _check(q.dtype in _FLOAT_DTYPES,
+           f"flashop: q must have dtype torch.float32, torch.float16 or torch.bfloat16, got {q.dtype}")
+    _same_dtype_device(k, "k", q)
+    _same_dtype_device(v, "v", q)
+    _check(k.shape == v.shape, "flashop: k and v must have the same shape (batch, seqlen_k, nheads_k, headdim), "
+           f"got k {list(k.shape)} and v {list(v.shape)}")
+    _check(k.size(0) == q.size(0), f"flashop: k must have the batch size of q ({q.size(0)}), got {k.size(0)}")
+    _check(k.size(3) == q.size(3), f"flashop: k must have the headdim of q ({q.size(3)}), got {k.size(3)}")
+    headdim = q.size(3)
+    _check(1 <= headdim <= MAX_HEADDIM, f"flashop: headdim must be between 1 and {MAX_HEADDIM}, got {headdim}")
+    heads_q, heads_k = q.size(2), k.size(2)
+    _check(heads_k >= 1 and heads_q % heads_k == 0,
+           f"flashop: the number of query heads ({heads_q}) must be a multiple of the number of key/value heads ({heads_k})")
+    _last_dim_contiguous(q, "q")
+    _last_dim_contiguous(k, "k")
+    _last_dim_contiguous(v, "v")
+    return q.size(0), q.size(1), k.size(1), heads_q, heads_k, headdim
+
+
+def check_backward_inputs(dout, q, out, softmax_lse, dims):
+    batch, seqlen_q, _, heads_q, _, _ = dims
+    _check(dout.shape == q.shape, f"flashop: dout must have the shape of q {list(q.shape)}, got {list(dout.shape)}")
+    _check(out.shape == q.shape, f"flashop: out must have the shape of q {list(q.shape)}, got {list(out.shape)}")
+    _same_dtype_device(dout, "dout", q)
+    _same_dtype_device(out, "out", q)
+    _last_dim_contiguous(dout, "dout")
+    _last_dim_contiguous(out, "out")
+    lse_shape = [batch, heads_q, seqlen_q]
+    _check(list(softmax_lse.shape) == lse_shape,
+           f"flashop: softmax_lse must have shape (batch, nheads, seqlen_q) = {lse_shape}, got {list(softmax_lse.shape)}")
+    _check(softmax_lse.dtype == torch.float32,
+           f"flashop: softmax_lse must have dtype torch.float32, got {softmax_lse.dtype}")
+    _check(softmax_lse.device == q.device,
+           f"flashop: softmax_lse must be on the device of q ({q.device}), got {softmax_lse.device}")
+
+
+def _check_scale(softmax_scale):
+    if softmax_scale is not None:
+        _check(softmax_scale == softmax_scale and abs(softmax_scale) != float("inf"),
+               f"flashop: softmax_scale must be a finite number, got {softmax_scale}")
+
+
+@torch.library.register_fake("flashop::forward")
+def forward_fake(q, k, v, softmax_scale=None, causal=False, config=None):
+    batch, seqlen_q, _, heads_q, _, headdim = check_forward_inputs(q, k, v)
+    _check_scale(softmax_scale)
+    dispatch.check_config(config, q.device, q.dtype, headdim, "forward")
+    out = q.new_empty(q.shape)
+    softmax_lse = q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
+    return out, softmax_lse
+
+
+@torch.library.register_fake("flashop::backward")
+def backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, config=None):
+    dims = check_forward_inputs(q, k, v)
+    check_backward_inputs(dout, q, out, softmax_lse, dims)
+    _check_scale(softmax_scale)
+    dispatch.check_config(config, q.device, q.dtype, dims[5], "backward")
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

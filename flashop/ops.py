@@ -1,0 +1,131 @@
+"""Python front of the ops: autograd, the CUDA kernel registration (through the
+config-dispatch policy) and the FlashAttention- and SDPA-style functions."""
+from __future__ import annotations
+
+import torch
+
+from . import _C, dispatch
+
+forward_op = torch.ops.flashop.forward.default
+backward_op = torch.ops.flashop.backward.default
+
+
+# ---------------------------------------------------------------- autograd
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, softmax_scale, causal, _config = inputs
+    out, softmax_lse = output
+    ctx.save_for_backward(q, k, v, out, softmax_lse)
+    ctx.softmax_scale = softmax_scale
+    ctx.causal = causal
+    # The LSE is an auxiliary output, as in FlashAttention: no gradient flows through it.
+    ctx.mark_non_differentiable(softmax_lse)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, softmax_lse = ctx.saved_tensors
+    dq, dk, dv = backward_op(dout, q, k, v, out, softmax_lse, ctx.softmax_scale, ctx.causal, None)
+    return dq, dk, dv, None, None, None
+
+
+torch.library.register_autograd("flashop::forward", _backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------- CUDA kernels
+
+if _C.WITH_CUDA:
+
+    @torch.library.register_kernel("flashop::forward", "cuda")
+    def _forward_cuda(q, k, v, softmax_scale=None, causal=False, config=None):
+        if config is None:
+            config = dispatch.config_for(q, k, causal, "forward")
+        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "forward")
+        scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
+        return _C.cuda_forward(q, k, v, scale, causal, config)
+
+
+# ---------------------------------------------------------------- FlashAttention-style API
+
+def _reject_unsupported(dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"flashop: dropout_p={dropout_p} is not supported yet (only 0.0)")
+    if tuple(window_size) != (-1, -1):
+        raise NotImplementedError(f"flashop: window_size={tuple(window_size)} (local attention) is not supported yet")
+    if softcap != 0.0:
+        raise NotImplementedError(f"flashop: softcap={softcap} is not supported yet (only 0.0)")
+    if alibi_slopes is not None:
+        raise NotImplementedError("flashop: alibi_slopes is not supported yet")
+
+
+def _attention(q, k, v, softmax_scale, causal, return_attn_probs, config):
+    out, softmax_lse = forward_op(q, k, v, softmax_scale, causal, config)
+    # FlashAttention returns (out, softmax_lse, S_dmask); S_dmask only exists with dropout.
+    return (out, softmax_lse, None) if return_attn_probs else out
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, config=None):
+    """Attention over q (batch, seqlen_q, nheads, headdim), k and v (batch, seqlen_k, nheads_k, headdim).
+
+    nheads % nheads_k == 0 gives MQA/GQA. causal=True aligns the mask to the bottom-right corner.
+    Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse, None) with return_attn_probs.
+    """
+    _reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                              alibi_slopes=None, deterministic=False, return_attn_probs=False, *, config=None):
+    """qkv (batch, seqlen, 3, nheads, headdim): q, k and v are strided views, never copied."""
+    _reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    if qkv.dim() != 5 or qkv.size(2) != 3:
+        raise ValueError(f"flashop: qkv must have shape (batch, seqlen, 3, nheads, headdim), got {list(qkv.shape)}")
+    q, k, v = qkv.unbind(2)
+    return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                             alibi_slopes=None, deterministic=False, return_attn_probs=False, *, config=None):
+    """q (batch, seqlen_q, nheads, headdim), kv (batch, seqlen_k, 2, nheads_k, headdim)."""
+    _reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    if kv.dim() != 5 or kv.size(2) != 2:
+        raise ValueError(f"flashop: kv must have shape (batch, seqlen_k, 2, nheads_k, headdim), got {list(kv.shape)}")
+    k, v = kv.unbind(2)
+    return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config)
+
+
+# ---------------------------------------------------------------- torch.nn.functional-style API
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """`torch.nn.functional.scaled_dot_product_attention` on flashop kernels.
+
+    Layout (batch, nheads, seqlen, headdim), as torch's. is_causal follows torch: the mask is aligned to the
+    top-left corner (query i sees keys j <= i), also when seqlen_q != seqlen_k.
+    """
+    if attn_mask is not None:
+        raise NotImplementedError("flashop.scaled_dot_product_attention: attn_mask is not supported yet "
+                                  "(use is_causal for causal masking)")
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"flashop.scaled_dot_product_attention: dropout_p={dropout_p} is not supported yet")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() != 4:
+            raise ValueError(f"flashop.scaled_dot_product_attention: {name} must be a 4-D tensor "
+                             f"(batch, nheads, seqlen, headdim), got a {t.dim()}-D tensor")
+    if query.size(1) != key.size(1) and not enable_gqa:
+        raise ValueError(f"flashop.scaled_dot_product_attention: query has {query.size(1)} heads and key "
+                         f"{key.size(1)}; pass enable_gqa=True for grouped-query attention")
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    seqlen_q, seqlen_k = q.size(1), k.size(1)
+    if not is_causal or seqlen_q == seqlen_k:
+        out, _ = forward_op(q, k, v, scale, is_causal, None)
+    elif seqlen_q < seqlen_k:
+        # Top-left: no query sees keys past seqlen_q - 1, so the square top-left block is the whole problem.
+        out, _ = forward_op(q, k[:, :seqlen_q], v[:, :seqlen_q], scale, True, None)
+    else:
+        # Top-left with more queries than keys: the first seqlen_k queries are a square causal problem,
+        # the rest see every key.
+        head, _ = forward_op(q[:, :seqlen_k], k, v, scale, True, None)
+        tail, _ = forward_op(q[:, seqlen_k:], k, v, scale, False, None)
+        out = torch.cat([head, tail], dim=1)
+    return out.transpose(1, 2)

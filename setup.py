@@ -1,0 +1,98 @@
+"""Builds flashop._C: the operator schemas, the CPU kernels always, the CUDA
+kernels when the installed torch has CUDA.
+
+Environment:
+  FLASHOP_CUDA=0/1       force the CUDA build off/on (default: on when torch has CUDA and nvcc is found)
+  FLASHOP_CUDA_ARCHS     mma.sync targets, e.g. "80;90" (default); Hopper-only sources always get sm_90a
+  FLASHOP_KERNELS        comma-separated patterns of kernel configs to build (see flashop/configs.py)
+  MAX_JOBS               parallel compile jobs (ninja)
+"""
+import glob
+import importlib.util
+import os
+import re
+
+from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def load_by_path(name, relpath):
+    """Import a module from a file without importing its package (which needs the built extension)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, relpath))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def want_cuda():
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    flag = os.environ.get("FLASHOP_CUDA")
+    if flag is not None:
+        return flag == "1"
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def cpu_isa_flags():
+    """Vector ISA for the CPU kernels (at::vec picks its implementation from CPU_CAPABILITY_*).
+    Chosen from the build machine, like -march=native, but only with ISAs ATen knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(re.findall(r"\b\w+\b", f.read()))
+    except OSError:
+        return []
+    if os.environ.get("FLASHOP_CPU_ISA", "").lower() == "default":
+        return []
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags:
+        return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512",
+                "-DCPU_CAPABILITY=AVX512"]
+    if {"avx2", "fma"} <= flags:
+        return ["-mavx2", "-mfma", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
+    return []
+
+
+def extension():
+    from torch.utils.cpp_extension import CppExtension, CUDAExtension
+
+    sources = ["csrc/flashop.cpp", "csrc/checks.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    cxx = ["-O3", "-std=c++17", "-fopenmp"] + cpu_isa_flags()
+    if not want_cuda():
+        return CppExtension("flashop._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"])
+
+    configs = load_by_path("flashop_configs", "flashop/configs.py")
+    generator = load_by_path("flashop_gen_kernels", "tools/gen_kernels.py")
+    generated = generator.generate(os.path.join(ROOT, "csrc/cuda/instantiations"), configs.selected_configs())
+    sources += sorted(glob.glob("csrc/cuda/*.cpp")) + sorted(glob.glob("csrc/cuda/*.cu"))
+    sources += sorted(os.path.relpath(p, ROOT) for p in generated)
+    archs = os.environ.get("FLASHOP_CUDA_ARCHS", "80;90").replace(",", ";").split(";")
+    nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr"]
+    nvcc += [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs if a]
+    return CUDAExtension(
+        "flashop._C",
+        sources,
+        define_macros=[("FLASHOP_WITH_CUDA", None)],
+        extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+        extra_link_args=["-fopenmp"],
+    )
+
+
+def main():
+    from torch.utils.cpp_extension import BuildExtension
+
+    setup(
+        name="flashop",
+        version="0.1.0",
+        description="FlashAttention as a PyTorch operator: CUDA and CPU kernels behind torch.ops.flashop",
+        packages=find_packages(include=["flashop", "flashop.*"]),
+        ext_modules=[extension()],
+        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+        python_requires=">=3.10",
+        install_requires=["torch>=2.4", "numpy", "tqdm"],
+        extras_require={"test": ["pytest", "expecttest"], "plot": ["matplotlib"]},
+    )
+
+
+if __name__ == "__main__":
+    main()

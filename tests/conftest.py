@@ -1,0 +1,28 @@
+import os
+
+import pytest
+import torch
+
+import flashop  # noqa: F401  (registers the ops)
+
+CUDA = torch.cuda.is_available()
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")),
+]
+
+
+@pytest.fixture(autouse=True)
+def fresh_seed():
+    """Fresh random inputs in every test; the seed is printed so a failure can be replayed
+    with FLASHOP_TEST_SEED."""
+    seed = int(os.environ.get("FLASHOP_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+    torch.manual_seed(seed)
+    print(f"FLASHOP_TEST_SEED={seed}")
+    yield seed
+
+
+@pytest.fixture(autouse=True)
+def _reset_dynamo():
+    yield
+    torch._dynamo.reset()

@@ -1,0 +1,39 @@
+"""Plain PyTorch attention, the reference every kernel is checked against."""
+import torch
+
+
+def attention_reference(q, k, v, softmax_scale=None, causal=False, upcast=True):
+    """softmax(q k^T * scale) v for (B, S, H, D) inputs, GQA by repeating K/V heads, causal
+    aligned bottom-right. Rows that see no key give 0 output and -inf LSE.
+
+    upcast=True computes in float64 (the reference); upcast=False computes in the inputs' own
+    dtype, which is "PyTorch's own error" in FlashAttention's accuracy criterion.
+    """
+    dtype = torch.float64 if upcast else q.dtype
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    scale = q.size(-1) ** -0.5 if softmax_scale is None else softmax_scale
+    group = q.size(2) // k.size(2)
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    seqlen_q, seqlen_k = q.size(1), k.size(1)
+    if causal:
+        rows = torch.arange(seqlen_q, device=q.device).view(-1, 1)
+        cols = torch.arange(seqlen_k, device=q.device).view(1, -1)
+        scores = scores.masked_fill(cols > rows + seqlen_k - seqlen_q, float("-inf"))
+    lse = torch.logsumexp(scores.float() if not upcast else scores, dim=-1)
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no key: all -inf -> NaN -> 0
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
+    return out, lse.float()
+
+
+def max_error(a, b):
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+def assert_close_to_reference(ours, reference, torch_lowp, name, atol_floor=1e-5):
+    """FlashAttention's criterion: our error against the float64 reference is at most twice
+    PyTorch's own error in the same dtype, plus a small epsilon."""
+    err = max_error(ours, reference)
+    bound = 2 * max_error(torch_lowp, reference) + atol_floor
+    assert err <= bound, f"{name}: max error {err:.3e} exceeds 2x PyTorch's error + eps = {bound:.3e}"

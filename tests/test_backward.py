@@ -1,0 +1,61 @@
+"""Gradients against the float64 reference, FlashAttention's accuracy criterion."""
+import pytest
+import torch
+
+import flashop
+from conftest import DEVICES
+from reference import assert_close_to_reference, attention_reference
+from test_forward import DTYPES, make_qkv
+
+SHAPES = [
+    (1, 1, 1, 1, 1, 64),
+    (2, 113, 257, 4, 4, 64),
+    (1, 257, 113, 8, 2, 128),
+    (1, 3, 200, 8, 1, 32),
+    (2, 65, 65, 2, 1, 256),
+    (1, 90, 70, 2, 2, 24),
+]
+
+
+def grads(fn, q, k, v, dout):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v)
+    return torch.autograd.grad(out, (q, k, v), dout)
+
+
+def check_backward(q, k, v, causal, dout=None):
+    dout = torch.randn_like(q) if dout is None else dout
+    ours = grads(lambda *t: flashop.flash_attn_func(*t, causal=causal), q, k, v, dout)
+    ref = grads(lambda *t: attention_reference(*t, causal=causal)[0], q, k, v, dout.double())
+    lowp = grads(lambda *t: attention_reference(*t, causal=causal, upcast=False)[0], q, k, v, dout)
+    for name, ours_g, ref_g, lowp_g, inp in zip(("dq", "dk", "dv"), ours, ref, lowp, (q, k, v)):
+        assert ours_g.shape == inp.shape and ours_g.dtype == inp.dtype
+        assert_close_to_reference(ours_g, ref_g, lowp_g, name, atol_floor=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_backward_matches_reference(device, dtype, causal, shape):
+    check_backward(*make_qkv(shape, dtype, device), causal)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_backward_strided_inputs_and_dout(device, dtype):
+    q, k, v = make_qkv((2, 77, 130, 4, 2, 64), dtype, device, layout="strided")
+    dout = torch.randn(2, 4, 77, 64, dtype=dtype, device=device).transpose(1, 2)
+    check_backward(q, k, v, causal=True, dout=dout)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_rows_without_keys(device):
+    check_backward(*make_qkv((1, 40, 16, 2, 2, 64), torch.float32, device), causal=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_lse_is_not_differentiable(device):
+    q, k, v = (t.requires_grad_() for t in make_qkv((1, 8, 8, 1, 1, 16), torch.float32, device))
+    out, lse, _ = flashop.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.requires_grad and not lse.requires_grad

@@ -1,0 +1,182 @@
+"""Every bad input gets a clear error naming the argument and the expectation, in eager mode and at
+trace time under torch.compile (from the fake kernel), with the same message."""
+import expecttest
+import torch
+
+import flashop
+
+
+def qkv(b=1, sq=8, sk=8, hq=2, hk=2, d=16, dtype=torch.float32):
+    return (torch.randn(b, sq, hq, d, dtype=dtype), torch.randn(b, sk, hk, d, dtype=dtype),
+            torch.randn(b, sk, hk, d, dtype=dtype))
+
+
+def backward_args(**changes):
+    q, k, v = qkv()
+    out, lse = torch.ops.flashop.forward(q, k, v)
+    args = dict(dout=torch.randn_like(out), q=q, k=k, v=v, out=out, softmax_lse=lse)
+    args.update(changes)
+    return args
+
+
+def forward_op(*args, **kwargs):
+    return torch.ops.flashop.forward(*args, **kwargs)
+
+
+def backward_op(*args, **kwargs):
+    return torch.ops.flashop.backward(*args, **kwargs)
+
+
+def strided_last_dim(t):
+    return t.repeat_interleave(2, dim=-1)[..., ::2]
+
+
+class TestOpErrors(expecttest.TestCase):
+    def check(self, op, args, kwargs, expected):
+        """The eager message is checked inline; the compiled (fake-kernel) one must carry the same text."""
+        with self.assertRaises(RuntimeError) as eager:
+            op(*args, **kwargs)
+        message = str(eager.exception).splitlines()[0]
+        self.assertExpectedInline(message, expected, skip=1)
+        compiled = torch.compile(op, backend="aot_eager", fullgraph=True)
+        with self.assertRaises(Exception) as traced:
+            compiled(*args, **kwargs)
+        self.assertIn(message, str(traced.exception))
+        torch._dynamo.reset()
+
+    def test_q_rank(self):
+        q, k, v = qkv()
+        self.check(forward_op, (q[0], k, v), {}, """""")
+
+    def test_k_rank(self):
+        q, k, v = qkv()
+        self.check(forward_op, (q, k[None], v), {}, """""")
+
+    def test_v_rank(self):
+        q, k, v = qkv()
+        self.check(forward_op, (q, k, v[0, 0]), {}, """""")
+
+    def test_integer_dtype(self):
+        q, k, v = qkv()
+        self.check(forward_op, (q.long(), k.long(), v.long()), {}, """""")
+
+    def test_int32_dtype(self):
+        q, k, v = qkv()
+        self.check(forward_op, (q.int(), k, v), {}, """""")
+
+    def test_float64_dtype(self):
+        q, k, v = qkv(dtype=torch.float64)
+        self.check(forward_op, (q, k, v), {}, """""")
+
+    def test_k_dtype_mismatch(self):
+        q, k, v = qkv()
+        self.check(forward_op, (q, k.half(), v), {}, """""")
+
+    def test_v_dtype_mismatch(self):
+        q, k, v = qkv()
+        self.check(forward_op, (q, k, v.bfloat16()), {}, """""")
+
+    def test_kv_shape_mismatch(self):
+        q, k, v = qkv()
+        self.check(forward_op, (q, k, v[:, :5]), {}, """""")
+
+    def test_batch_mismatch(self):
+        q, _, _ = qkv(b=2)
+        _, k, v = qkv(b=3)
+        self.check(forward_op, (q, k, v), {}, """""")
+
+    def test_headdim_mismatch(self):
+        q, _, _ = qkv(d=32)
+        _, k, v = qkv(d=16)
+        self.check(forward_op, (q, k, v), {}, """""")
+
+    def test_headdim_too_large(self):
+        self.check(forward_op, qkv(d=257), {}, """""")
+
+    def test_headdim_zero(self):
+        self.check(forward_op, qkv(d=0), {}, """""")
+
+    def test_heads_not_multiple(self):
+        self.check(forward_op, qkv(hq=6, hk=4), {}, """""")
+
+    def test_q_last_dim_strided(self):
+        q, k, v = qkv()
+        self.check(forward_op, (strided_last_dim(q), k, v), {}, """""")
+
+    def test_v_last_dim_strided(self):
+        q, k, v = qkv()
+        self.check(forward_op, (q, k, strided_last_dim(v)), {}, """""")
+
+    def test_softmax_scale_nan(self):
+        self.check(forward_op, qkv(), {"softmax_scale": float("nan")}, """""")
+
+    def test_bad_config_string(self):
+        self.check(forward_op, qkv(), {"config": "bf16.d128.br128.bc64.w4"}, """""")
+
+    def test_backward_dout_shape(self):
+        args = backward_args()
+        args["dout"] = args["dout"][:, :4]
+        self.check(backward_op, (), args, """""")
+
+    def test_backward_out_dtype(self):
+        args = backward_args()
+        args["out"] = args["out"].half()
+        self.check(backward_op, (), args, """""")
+
+    def test_backward_lse_shape(self):
+        args = backward_args()
+        args["softmax_lse"] = args["softmax_lse"].transpose(1, 2)
+        self.check(backward_op, (), args, """""")
+
+    def test_backward_lse_dtype(self):
+        args = backward_args()
+        args["softmax_lse"] = args["softmax_lse"].double()
+        self.check(backward_op, (), args, """""")
+
+    def test_backward_dout_last_dim_strided(self):
+        args = backward_args()
+        args["dout"] = strided_last_dim(args["dout"])
+        self.check(backward_op, (), args, """""")
+
+    def test_backward_bad_config(self):
+        self.check(backward_op, (), dict(backward_args(), config="fast"), """""")
+
+
+class TestApiErrors(expecttest.TestCase):
+    def check(self, exc_type, fn, expected):
+        with self.assertRaises(exc_type) as caught:
+            fn()
+        self.assertExpectedInline(str(caught.exception), expected, skip=1)
+
+    def test_dropout(self):
+        self.check(NotImplementedError, lambda: flashop.flash_attn_func(*qkv(), dropout_p=0.1), """""")
+
+    def test_window(self):
+        self.check(NotImplementedError, lambda: flashop.flash_attn_func(*qkv(), window_size=(4, 0)), """""")
+
+    def test_softcap(self):
+        self.check(NotImplementedError, lambda: flashop.flash_attn_func(*qkv(), softcap=30.0), """""")
+
+    def test_qkvpacked_shape(self):
+        self.check(ValueError, lambda: flashop.flash_attn_qkvpacked_func(torch.randn(1, 8, 2, 2, 16)), """""")
+
+    def test_sdpa_attn_mask(self):
+        q = torch.randn(1, 2, 8, 16)
+        self.check(NotImplementedError,
+                   lambda: flashop.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool)),
+                   """""")
+
+    def test_sdpa_gqa_needs_flag(self):
+        q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+        self.check(ValueError, lambda: flashop.scaled_dot_product_attention(q, k, k), """""")
+
+    def test_sdpa_rank(self):
+        q = torch.randn(2, 8, 16)
+        self.check(ValueError, lambda: flashop.scaled_dot_product_attention(q, q, q), """""")
+
+    def test_module_varlen(self):
+        module = flashop.modules.FlashSelfAttention()
+        self.check(NotImplementedError,
+                   lambda: module(torch.randn(1, 8, 3, 2, 16), cu_seqlens=torch.tensor([0, 8])), """""")
+
+
