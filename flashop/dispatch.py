@@ -8,7 +8,12 @@ a graph traced by torch.compile keeps choosing per call.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import functools
+import json
+import os
+import tempfile
+import warnings
 
 import torch
 
@@ -83,3 +88,175 @@ def check_config(config: str | None, device: torch.device, dtype: torch.dtype, h
     if parsed.dtype != dtype_code(dtype) or parsed.headdim != headdim:
         raise RuntimeError(f"{op}: kernel config '{config}' is for {parsed.dtype} headdim {parsed.headdim}, "
                            f"but the inputs are {dtype} headdim {headdim}")
+
+
+# ---------------------------------------------------------------- the policy
+
+# Heuristic preference per head dimension, best first, as (block_m, block_n, warps, flags). Measured on
+# H100/H200 (docs/benchmarks.md); configs not built or not fitting the device are skipped.
+HEURISTIC_ORDER = {
+    32: [(128, 128, 4, ()), (128, 64, 4, ()), (64, 64, 4, ())],
+    64: [(128, 128, 4, ("kv2",)), (128, 64, 4, ("kv2",)), (128, 128, 4, ()), (128, 64, 4, ()), (64, 64, 4, ())],
+    96: [(128, 64, 4, ("kv2",)), (128, 64, 4, ()), (128, 32, 4, ()), (64, 64, 4, ())],
+    128: [(128, 64, 4, ("kv2",)), (128, 64, 4, ()), (128, 32, 4, ("kv2",)), (128, 32, 4, ()), (128, 64, 8, ()),
+          (64, 64, 4, ())],
+    192: [(128, 64, 8, ("kv2",)), (128, 64, 8, ()), (64, 64, 4, ()), (64, 32, 4, ())],
+    256: [(128, 64, 8, ("kv2",)), (128, 64, 8, ()), (64, 64, 4, ("kv2",)), (64, 64, 4, ()), (64, 32, 4, ())],
+}
+
+
+def _shape_of(config: KernelConfig):
+    return (config.block_m, config.block_n, config.warps, config.flags)
+
+
+def candidates(device: DeviceInfo, problem: Problem, built: list[str]) -> list[KernelConfig]:
+    """Built configs that run this problem on this device: dtype and headdim match, shared memory fits."""
+    out = []
+    for name in built:
+        config = KernelConfig.parse(name)
+        if (config.dtype == problem.dtype and config.headdim == problem.headdim
+                and config.smem_bytes() <= device.smem_per_block
+                and device.capability[0] * 10 + device.capability[1] >= config.min_sm):
+            out.append(config)
+    return out
+
+
+def choose_config(device: DeviceInfo, problem: Problem, built: list[str], tuned: dict | None = None):
+    """The policy: (config name, reason). Tuned-cache hit for this device and problem bucket, else the
+    heuristic table; only built configs that fit the device. Raises RuntimeError when none can run."""
+    pool = candidates(device, problem, built)
+    if not pool:
+        raise RuntimeError(
+            f"flashop.{problem.direction}: no built CUDA kernel runs {problem.dtype} headdim {problem.headdim} on "
+            f"{device.name} (built: {', '.join(built) or 'none'}); CUDA kernels take float16/bfloat16 with "
+            "headdim 32, 64, 96, 128, 192 or 256")
+    names = {c.name: c for c in pool}
+    key = bucket_key(problem)
+    if tuned and tuned.get(key) in names:
+        return tuned[key], f"tuned cache entry {key}"
+    order = HEURISTIC_ORDER.get(problem.headdim, [])
+    rank = {shape: i for i, shape in enumerate(order)}
+    ranked = sorted(pool, key=lambda c: (rank.get(_shape_of(c), len(order)), -c.block_m, -c.block_n))
+    best = ranked[0]
+    # Too few query tiles to fill the GPU: smaller query tiles give more blocks.
+    tiles = -(-problem.seqlen_q // best.block_m) * problem.batch_heads
+    if tiles < device.sm_count:
+        smaller = [c for c in ranked if c.block_m < best.block_m]
+        if smaller:
+            return smaller[0].name, (f"heuristic: {tiles} query tiles of {best.block_m} rows would not fill "
+                                     f"{device.sm_count} SMs; B_r={smaller[0].block_m}")
+    return best.name, "heuristic table" + ("" if _shape_of(best) in rank else " (fallback: largest tiles)")
+
+
+def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, direction: str) -> Problem:
+    return Problem(dtype_code(q.dtype) or str(q.dtype).removeprefix("torch."), q.size(-1), q.size(1), k.size(1),
+                   q.size(0) * q.size(2), bool(causal), direction)
+
+
+def config_for(q: torch.Tensor, k: torch.Tensor, causal: bool, direction: str) -> str:
+    """The run-time entry point used inside the CUDA kernel registration."""
+    device = DeviceInfo.of(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    return _choose_cached(device, problem_of(q, k, causal, direction))
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose_cached(device: DeviceInfo, problem: Problem) -> str:
+    return choose_config(device, problem, built_configs(problem.direction), tuned_entries(device.name))[0]
+
+
+# ---------------------------------------------------------------- the tuned cache
+
+CACHE_FORMAT = "flashop-tuned-configs"
+CACHE_VERSION = 1
+
+
+def cache_path() -> str:
+    root = os.environ.get("FLASHOP_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "flashop")
+    return os.path.join(root, f"tuned_v{CACHE_VERSION}.json")
+
+
+def _pow2_bucket(n: int, lo: int, hi: int) -> int:
+    """Round up to a power of two, clamped: problems in one bucket share a tuned config."""
+    n = max(lo, min(hi, n))
+    return 1 << (n - 1).bit_length()
+
+
+def bucket_key(problem: Problem) -> str:
+    return "|".join([
+        problem.direction,
+        problem.dtype,
+        f"d{problem.headdim}",
+        "causal" if problem.causal else "full",
+        f"q{_pow2_bucket(problem.seqlen_q, 64, 65536)}",
+        f"k{_pow2_bucket(problem.seqlen_k, 64, 65536)}",
+        f"bh{_pow2_bucket(problem.batch_heads, 1, 4096)}",
+    ])
+
+
+_warned_paths: set[str] = set()
+
+
+def _warn_once(path: str, why: str):
+    if path not in _warned_paths:
+        _warned_paths.add(path)
+        warnings.warn(f"flashop: ignoring the tuned-config cache {path}: {why}", RuntimeWarning, stacklevel=3)
+
+
+def read_cache(path: str | None = None) -> dict:
+    """{device name: {bucket key: config name}}; a missing file is empty, a corrupt, partial or
+    foreign-version file is ignored with one warning."""
+    path = path or cache_path()
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        _warn_once(path, f"unreadable ({err.__class__.__name__}: {err})")
+        return {}
+    if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
+        _warn_once(path, "not a flashop cache file")
+        return {}
+    if data.get("version") != CACHE_VERSION:
+        _warn_once(path, f"version {data.get('version')!r}, this flashop reads version {CACHE_VERSION}")
+        return {}
+    entries = data.get("devices")
+    if not isinstance(entries, dict) or not all(
+            isinstance(d, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in d.items())
+            for d in entries.values()):
+        _warn_once(path, "malformed entries")
+        return {}
+    return entries
+
+
+def write_cache(updates: dict, path: str | None = None) -> str:
+    """Merge {device name: {bucket key: config name}} into the cache file. Concurrent writers are
+    serialised by a lock file; each write lands atomically (temporary file + rename), so a reader
+    never sees a partial file."""
+    path = path or cache_path()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        devices = read_cache(path)
+        for device, entries in updates.items():
+            devices.setdefault(device, {}).update(entries)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tuned-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"format": CACHE_FORMAT, "version": CACHE_VERSION, "devices": devices}, f, indent=1,
+                      sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    _loaded_cache.clear()
+    _choose_cached.cache_clear()
+    return path
+
+
+_loaded_cache: dict = {}
+
+
+def tuned_entries(device_name: str) -> dict:
+    """This process's view of the cache for one device, read once."""
+    if "devices" not in _loaded_cache:
+        _loaded_cache["devices"] = read_cache()
+    return _loaded_cache["devices"].get(device_name, {})

@@ -1,0 +1,97 @@
+"""The autotuner: time every candidate kernel config for a set of problems, keep the fastest per
+device and problem bucket in the cache file that the policy reads (flashop/dispatch.py).
+
+    python -m flashop.tune                          # the standard sweep (the benchmark's shapes)
+    python -m flashop.tune --headdims 128 --seqlens 2048 8192 --dtypes bf16
+    FLASHOP_CACHE_DIR=/path python -m flashop.tune  # where the cache lives (default ~/.cache/flashop)
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+
+from . import dispatch
+from .dispatch import DeviceInfo, Problem
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def forward_timed(q, k, v, softmax_scale=None, causal=False, config=None, warmup=3, repeats=10):
+    """(out, softmax_lse, milliseconds): the forward op timed with CUDA events, median of `repeats`
+    runs after `warmup` runs. config=None times the kernel the policy picks."""
+    if q.device.type != "cuda":
+        raise ValueError(f"flashop.forward_timed: q must be a CUDA tensor, got device {q.device}")
+    for _ in range(warmup):
+        torch.ops.flashop.forward(q, k, v, softmax_scale, causal, config)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out, lse = torch.ops.flashop.forward(q, k, v, softmax_scale, causal, config)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return out, lse, sorted(times)[len(times) // 2]
+
+
+def standard_problems(dtypes=("bf16", "fp16"), headdims=(64, 128, 256), seqlens=(512, 1024, 2048, 4096, 8192, 16384),
+                      causals=(False, True), tokens=32768):
+    """The benchmark's shapes: batch x seqlen = `tokens`, 2048 / headdim heads."""
+    for dtype, d, causal, s in itertools.product(dtypes, headdims, causals, seqlens):
+        batch, heads = max(1, tokens // s), max(1, 2048 // d)
+        yield Problem(dtype, d, s, s, batch * heads, causal), (batch, heads)
+
+
+def tune(problems=None, device=None, write=True, progress=True, quiet=False):
+    """Times every candidate config of each (problem, (batch, heads)) pair; returns
+    {bucket key: (best config, {config: ms})} and, with write=True, merges the winners into the cache."""
+    import triton.testing
+    from tqdm import tqdm
+
+    index = torch.cuda.current_device() if device is None else device
+    info = DeviceInfo.of(index)
+    built = dispatch.built_configs("forward")
+    problems = list(standard_problems() if problems is None else problems)
+    results = {}
+    for problem, (batch, heads) in tqdm(problems, desc=f"tuning on {info.name}", disable=not progress):
+        pool = dispatch.candidates(info, problem, built)
+        if not pool:
+            continue
+        dtype = _DTYPES[problem.dtype]
+        q = torch.randn(batch, problem.seqlen_q, heads, problem.headdim, device=index, dtype=dtype)
+        k, v = (torch.randn(batch, problem.seqlen_k, heads, problem.headdim, device=index, dtype=dtype)
+                for _ in range(2))
+        times = {}
+        for config in pool:
+            def run(name=config.name):
+                torch.ops.flashop.forward(q, k, v, None, problem.causal, name)
+            times[config.name] = triton.testing.do_bench(run, warmup=10, rep=40, return_mode="median")
+        best = min(times, key=times.get)
+        results[dispatch.bucket_key(problem)] = (best, times)
+        if not quiet:
+            tqdm.write(f"{dispatch.bucket_key(problem)}: {best} {times[best]:.3f} ms")
+        del q, k, v
+    if write and results:
+        path = dispatch.write_cache({info.name: {key: best for key, (best, _) in results.items()}})
+        if not quiet:
+            print(f"wrote {len(results)} entries to {path}")
+    return results
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtypes", nargs="*", default=["bf16", "fp16"], choices=list(_DTYPES))
+    p.add_argument("--headdims", nargs="*", type=int, default=[64, 128, 256])
+    p.add_argument("--seqlens", nargs="*", type=int, default=[512, 1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--causal", nargs="*", type=lambda s: s.lower() in ("1", "true", "yes"), default=[False, True])
+    p.add_argument("--tokens", type=int, default=32768, help="batch x seqlen")
+    p.add_argument("--dry-run", action="store_true", help="time, but do not write the cache")
+    args = p.parse_args(argv)
+    problems = standard_problems(args.dtypes, args.headdims, args.seqlens, args.causal, args.tokens)
+    tune(problems, write=not args.dry_run)
+
+
+if __name__ == "__main__":
+    main()

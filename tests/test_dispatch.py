@@ -1,0 +1,137 @@
+"""The config-dispatch policy on described devices, and the tuned-config cache. CPU only: the policy
+is a plain function of a device description and the problem."""
+import json
+import multiprocessing
+import warnings
+
+import pytest
+
+from flashop import dispatch
+from flashop.configs import FORWARD_CONFIGS, KernelConfig
+from flashop.dispatch import DeviceInfo, Problem
+
+ALL_BUILT = [c.name for c in FORWARD_CONFIGS]
+DEVICES = {
+    "A100": DeviceInfo("NVIDIA A100-SXM4-80GB", (8, 0), 108, 166912),
+    "H100": DeviceInfo("NVIDIA H100 80GB HBM3", (9, 0), 132, 232448),
+    "RTX4090": DeviceInfo("NVIDIA GeForce RTX 4090", (8, 9), 128, 101376),
+    "sm120": DeviceInfo("Some future part", (12, 0), 188, 101376),
+}
+PROBLEMS = [
+    Problem(dtype, d, s, s + extra, bh, causal)
+    for dtype in ("fp16", "bf16")
+    for d in (32, 64, 96, 128, 192, 256)
+    for s, extra, bh in ((1, 4095, 32), (512, 0, 2048), (4096, 0, 128), (16384, 0, 32), (1000, 3, 5))
+    for causal in (False, True)
+]
+
+
+@pytest.mark.parametrize("device", DEVICES.values(), ids=DEVICES.keys())
+def test_policy_returns_a_built_config_that_fits(device):
+    for problem in PROBLEMS:
+        name, reason = dispatch.choose_config(device, problem, ALL_BUILT)
+        config = KernelConfig.parse(name)
+        assert name in ALL_BUILT, (problem, name)
+        assert (config.dtype, config.headdim) == (problem.dtype, problem.headdim), (problem, name)
+        assert config.smem_bytes() <= device.smem_per_block, (device, problem, name)
+        assert reason
+
+
+def test_policy_uses_small_query_tiles_when_the_gpu_would_idle():
+    h100 = DEVICES["H100"]
+    few = Problem("bf16", 128, 512, 512, 4, False)  # 4 tiles of 128 rows for 132 SMs
+    many = Problem("bf16", 128, 8192, 8192, 64, False)
+    assert KernelConfig.parse(dispatch.choose_config(h100, few, ALL_BUILT)[0]).block_m == 64
+    assert KernelConfig.parse(dispatch.choose_config(h100, many, ALL_BUILT)[0]).block_m == 128
+
+
+def test_policy_prefers_a_tuned_entry_and_ignores_bad_ones():
+    h100, problem = DEVICES["H100"], Problem("bf16", 128, 4096, 4096, 128, True)
+    key = dispatch.bucket_key(problem)
+    assert dispatch.choose_config(h100, problem, ALL_BUILT, {key: "bf16.d128.br128.bc32.w4"}) == (
+        "bf16.d128.br128.bc32.w4", f"tuned cache entry {key}")
+    default = dispatch.choose_config(h100, problem, ALL_BUILT)[0]
+    for bad in ("bf16.d128.br256.bc64.w8",  # not built
+                "fp16.d128.br128.bc32.w4",  # wrong dtype
+                "bf16.d64.br128.bc64.w4"):  # wrong headdim
+        assert dispatch.choose_config(h100, problem, ALL_BUILT, {key: bad})[0] == default
+    # Built, but does not fit a 99 KB device: never chosen there, whatever the cache says.
+    problem = Problem("bf16", 256, 4096, 4096, 128, True)
+    big = "bf16.d256.br128.bc64.w8.kv2"
+    assert KernelConfig.parse(big).smem_bytes() > DEVICES["RTX4090"].smem_per_block
+    key = dispatch.bucket_key(problem)
+    assert dispatch.choose_config(DEVICES["RTX4090"], problem, ALL_BUILT, {key: big})[0] != big
+
+
+def test_policy_with_a_partial_build():
+    built = ["bf16.d128.br64.bc64.w4"]
+    problem = Problem("bf16", 128, 8192, 8192, 64, False)
+    assert dispatch.choose_config(DEVICES["H100"], problem, built)[0] == "bf16.d128.br64.bc64.w4"
+    with pytest.raises(RuntimeError, match="no built CUDA kernel runs fp16 headdim 128"):
+        dispatch.choose_config(DEVICES["H100"], Problem("fp16", 128, 64, 64, 1, False), built)
+    with pytest.raises(RuntimeError, match="no built CUDA kernel runs bf16 headdim 80"):
+        dispatch.choose_config(DEVICES["H100"], Problem("bf16", 80, 64, 64, 1, False), ALL_BUILT)
+
+
+def test_bucket_key():
+    assert dispatch.bucket_key(Problem("bf16", 128, 3000, 3000, 100, True)) == "forward|bf16|d128|causal|q4096|k4096|bh128"
+    assert dispatch.bucket_key(Problem("fp16", 64, 1, 70000, 1, False)) == "forward|fp16|d64|full|q64|k65536|bh1"
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHOP_CACHE_DIR", str(tmp_path))
+    dispatch._warned_paths.clear()
+    return tmp_path
+
+
+def test_cache_round_trip(cache_dir):
+    assert dispatch.read_cache() == {}
+    path = dispatch.write_cache({"GPU A": {"k1": "bf16.d128.br128.bc64.w4"}})
+    dispatch.write_cache({"GPU A": {"k2": "bf16.d64.br128.bc128.w4"}, "GPU B": {"k1": "fp16.d64.br64.bc64.w4"}})
+    assert path.startswith(str(cache_dir))
+    assert dispatch.read_cache() == {"GPU A": {"k1": "bf16.d128.br128.bc64.w4", "k2": "bf16.d64.br128.bc128.w4"},
+                                     "GPU B": {"k1": "fp16.d64.br64.bc64.w4"}}
+    assert dispatch.tuned_entries("GPU B") == {"k1": "fp16.d64.br64.bc64.w4"}
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"format": "flashop-tuned-configs", "version": 1, "dev',
+                                     "[1, 2, 3]", '{"format": "other", "version": 1, "devices": {}}',
+                                     '{"format": "flashop-tuned-configs", "version": 1, "devices": {"x": {"k": 3}}}'],
+                         ids=["garbage", "truncated", "list", "foreign", "malformed"])
+def test_cache_corrupt_file_is_ignored_with_one_warning(cache_dir, content):
+    with open(dispatch.cache_path(), "w") as f:
+        f.write(content)
+    with pytest.warns(RuntimeWarning, match="ignoring the tuned-config cache"):
+        assert dispatch.read_cache() == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dispatch.read_cache() == {}  # once per file, not per call
+    dispatch.write_cache({"GPU": {"k": "bf16.d128.br128.bc64.w4"}})  # a write replaces the bad file
+    assert dispatch.read_cache() == {"GPU": {"k": "bf16.d128.br128.bc64.w4"}}
+
+
+def test_cache_version_mismatch(cache_dir):
+    with open(dispatch.cache_path(), "w") as f:
+        json.dump({"format": dispatch.CACHE_FORMAT, "version": dispatch.CACHE_VERSION + 1,
+                   "devices": {"GPU": {"k": "bf16.d128.br128.bc64.w4"}}}, f)
+    with pytest.warns(RuntimeWarning, match="version"):
+        assert dispatch.read_cache() == {}
+
+
+def _writer(args):
+    cache, worker = args
+    import os
+
+    os.environ["FLASHOP_CACHE_DIR"] = cache
+    from flashop import dispatch as d
+
+    for i in range(10):
+        d.write_cache({"GPU": {f"w{worker}-{i}": "bf16.d128.br128.bc64.w4"}})
+
+
+def test_cache_concurrent_writers(cache_dir):
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        pool.map(_writer, [(str(cache_dir), w) for w in range(4)])
+    entries = dispatch.read_cache()["GPU"]
+    assert sorted(entries) == sorted(f"w{w}-{i}" for w in range(4) for i in range(10))

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU machine in one command: build with all cores, CUDA tests, compute-sanitizer on small
+# shapes, the CUDA benchmark; logs, the report (markdown + PNG) and the build report under $OUT.
+#
+#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick]    (no stage named: all but quick)
+#
+# quick: a short benchmark (seqlens 1k/4k/16k, d64/d128, bf16). Extra arguments for the benchmark
+# go in BENCH_ARGS. Offline wheels under .whl/ (e.g. expecttest) are installed first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/flashop-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+stages=" ${*:-build test sanitize bench} "
+has() { [[ "$stages" == *" $1 "* ]]; }
+status=0
+step() { echo "=== $1 ($(date +%T))"; }
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+
+if has build; then
+  step build
+  MAX_JOBS=$(nproc) python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+  # Registers, spills and shared memory per kernel, from ptxas.
+  grep -E "Compiling entry|registers|spill" "$OUT/build.log" | sed 's/^ptxas info *: //' > "$OUT/ptxas.txt" || true
+  grep -B1 -A2 "bytes stack frame, [1-9]" "$OUT/build.log" | head -20
+  python3 -c "import flashop; print('built configs:', flashop.dispatch.built_configs())"
+fi
+
+if has test; then
+  step test
+  python3 -m pytest -q -x -rs tests -k "cuda or Cuda or CUDA" 2>&1 | tee "$OUT/test_cuda.log" | tail -25
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    step "compute-sanitizer $tool"
+    compute-sanitizer --tool $tool --error-exitcode 3 python3 tools/sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
+    rc=$?
+    tail -4 "$OUT/sanitize_$tool.log"
+    [ $rc -eq 0 ] || { echo "sanitizer $tool failed (rc=$rc)"; status=1; }
+  done
+fi
+
+if has bench; then
+  step bench
+  python3 -m flashop.bench --device cuda --out-dir "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v "it/s\]" | tee "$OUT/bench.log" | tail -40
+fi
+if has quick; then
+  step "quick bench"
+  python3 -m flashop.bench --device cuda --out-dir "$OUT" --dtypes bf16 --headdims 64 128 --seqlens 1024 4096 16384 \
+    ${BENCH_ARGS:-} 2>&1 | grep -v "it/s\]" | tee "$OUT/bench.log" | tail -30
+fi
+step "done (status $status)"
+exit $status

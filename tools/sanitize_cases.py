@@ -1,0 +1,41 @@
+"""Small shapes for compute-sanitizer (memcheck, racecheck): every built CUDA config on tails,
+causal, GQA and rows with no keys. Also checks values, so a run that reads garbage fails.
+
+    compute-sanitizer --tool memcheck python3 tools/sanitize_cases.py
+"""
+import sys
+
+import torch
+
+import flashop
+from flashop.configs import KernelConfig
+
+SHAPES = [  # (batch, seqlen_q, seqlen_k, heads_q, heads_k)
+    (1, 1, 1, 1, 1),
+    (1, 70, 33, 2, 1),
+    (2, 33, 150, 4, 2),
+]
+
+
+def main():
+    failures = 0
+    for name in flashop.dispatch.built_configs("forward"):
+        config = KernelConfig.parse(name)
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[config.dtype]
+        for b, sq, sk, hq, hk in SHAPES:
+            for causal in (False, True):
+                q = torch.randn(b, sq, hq, config.headdim, device="cuda", dtype=dtype)
+                k, v = (torch.randn(b, sk, hk, config.headdim, device="cuda", dtype=dtype) for _ in range(2))
+                out, lse = torch.ops.flashop.forward(q, k, v, None, causal, name)
+                ref = flashop.ops.forward_op(q.cpu().float(), k.cpu().float(), v.cpu().float(), None, causal, None)[0]
+                err = (out.cpu().float() - ref).abs().max().item()
+                if not err < 2e-2:
+                    failures += 1
+                    print(f"FAIL {name} {(b, sq, sk, hq, hk)} causal={causal}: max error {err:.3e}")
+    torch.cuda.synchronize()
+    print(f"sanitize cases done, {failures} failures")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
