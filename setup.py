@@ -11,6 +11,7 @@ import glob
 import importlib.util
 import os
 import re
+import sys
 
 from setuptools import find_packages, setup
 
@@ -21,6 +22,7 @@ def load_by_path(name, relpath):
     """Import a module from a file without importing its package (which needs the built extension)."""
     spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, relpath))
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
 
@@ -64,7 +66,7 @@ def extension():
     configs = load_by_path("flashop_configs", "flashop/configs.py")
     generator = load_by_path("flashop_gen_kernels", "tools/gen_kernels.py")
     generated = generator.generate(os.path.join(ROOT, "csrc/cuda/instantiations"), configs.selected_configs())
-    sources += sorted(glob.glob("csrc/cuda/*.cpp")) + sorted(glob.glob("csrc/cuda/*.cu"))
+    sources += ["csrc/cuda/forward_cuda.cpp"]
     sources += sorted(os.path.relpath(p, ROOT) for p in generated)
     archs = os.environ.get("FLASHOP_CUDA_ARCHS", "80;90").replace(",", ";").split(";")
     nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr"]

@@ -72,10 +72,18 @@ def built_configs(direction: str = "forward") -> list[str]:
 
 
 def check_config(config: str | None, device: torch.device, dtype: torch.dtype, headdim: int, direction: str):
-    """The rules for an explicit `config=`; the same in eager kernels and fake kernels."""
-    if config is None:
-        return
+    """The rules for `config=`; the same in eager kernels and fake kernels. With config=None on CUDA,
+    some built kernel must take this dtype and headdim."""
     op = f"flashop.{direction}"
+    if config is None:
+        if device.type == "cuda":
+            code = dtype_code(dtype) or str(dtype).removeprefix("torch.")
+            built = built_configs(direction)
+            if not any(KernelConfig.parse(n).dtype == code and KernelConfig.parse(n).headdim == headdim for n in built):
+                raise RuntimeError(
+                    f"{op}: no built CUDA kernel runs {code} headdim {headdim} (built: {', '.join(built) or 'none'}); "
+                    "CUDA kernels take float16/bfloat16 with headdim 32, 64, 96, 128, 192 or 256")
+        return
     if device.type != "cuda":
         if config != CPU_CONFIG:
             raise RuntimeError(f"{op}: config '{config}' is not a CPU kernel config; the CPU backend has one kernel, "

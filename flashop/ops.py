@@ -24,6 +24,9 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, _dlse):
     q, k, v, out, softmax_lse = ctx.saved_tensors
+    if dout.size(-1) > 1 and dout.stride(-1) != 1:
+        # Incoming gradients can be expanded or transposed; the kernels need unit stride in headdim only.
+        dout = dout.contiguous()
     dq, dk, dv = backward_op(dout, q, k, v, out, softmax_lse, ctx.softmax_scale, ctx.causal, None)
     return dq, dk, dv, None, None, None
 
@@ -37,9 +40,9 @@ if _C.WITH_CUDA:
 
     @torch.library.register_kernel("flashop::forward", "cuda")
     def _forward_cuda(q, k, v, softmax_scale=None, causal=False, config=None):
+        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "forward")
         if config is None:
             config = dispatch.config_for(q, k, causal, "forward")
-        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "forward")
         scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
         return _C.cuda_forward(q, k, v, scale, causal, config)
 

@@ -26,3 +26,16 @@ def fresh_seed():
 def _reset_dynamo():
     yield
     torch._dynamo.reset()
+
+
+CUDA_HEADDIMS = (32, 64, 96, 128, 192, 256)
+
+
+def cuda_cannot_run(device, dtype, headdim):
+    """CUDA kernels take float16/bfloat16 with the headdims above; anything else must be a clear error."""
+    return device == "cuda" and (dtype == torch.float32 or headdim not in CUDA_HEADDIMS)
+
+
+def assert_cuda_refuses(fn):
+    with pytest.raises(RuntimeError, match="no built CUDA kernel runs"):
+        fn()

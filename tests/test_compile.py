@@ -8,8 +8,11 @@ import flashop
 from flashop.modules import MHA, FlashCrossAttention, FlashSelfAttention
 from conftest import DEVICES
 
-DTYPE = torch.float32
 H, D = 4, 32
+
+
+def dtype_for(device):
+    return torch.float32 if device == "cpu" else torch.bfloat16
 
 
 def op_forward(q, k, v):
@@ -45,8 +48,10 @@ def run_fwd_bwd(fn, inputs):
 
 
 def assert_same(eager, compiled):
+    """Same kernels in both, so only reduction order (fused projections, dQ atomics) may differ."""
     for a, b in zip(eager, compiled):
-        torch.testing.assert_close(b, a, atol=2e-5, rtol=2e-5)
+        tol = 2e-5 if a.dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(b, a, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -54,10 +59,12 @@ def assert_same(eager, compiled):
 def test_compiled_function(device, fn):
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(fn, backend=counter, fullgraph=True, dynamic=True)
+    frames = []
     for seqlen in (48, 80, 131):
-        inputs = [torch.randn(2, seqlen, H, D, device=device, dtype=DTYPE) for _ in range(3)]
+        inputs = [torch.randn(2, seqlen, H, D, device=device, dtype=dtype_for(device)) for _ in range(3)]
         assert_same(run_fwd_bwd(fn, inputs), run_fwd_bwd(compiled, inputs))
-    assert counter.frame_count == 1, f"recompiled: {counter.frame_count} frames for 3 sequence lengths"
+        frames.append(counter.frame_count)
+    assert frames[0] >= 1 and frames[-1] == frames[0], f"recompiled for new sequence lengths: frames {frames}"
 
 
 def make_module(name, device):
@@ -69,7 +76,8 @@ def make_module(name, device):
         module, make = MHA(H * D, H, num_heads_kv=2, causal=True), lambda s: (torch.randn(2, s, H * D),)
     else:
         module, make = MHA(H * D, H), lambda s: (torch.randn(2, s, H * D),)
-    return module.to(device), lambda s: [t.to(device) for t in make(s)]
+    dtype = dtype_for(device)
+    return module.to(device, dtype), lambda s: [t.to(device, dtype) for t in make(s)]
 
 
 MODULES = ["FlashSelfAttention", "FlashCrossAttention", "MHA", "MHA-GQA"]
@@ -89,10 +97,12 @@ def test_compiled_module(device, name):
     module, make = make_module(name, device)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(module, backend=counter, fullgraph=True, dynamic=True)
+    frames = []
     for seqlen in (40, 72, 99):
         inputs = make(seqlen)
         assert_same(module_fwd_bwd(module, inputs), module_fwd_bwd(compiled, inputs))
-    assert counter.frame_count == 1
+        frames.append(counter.frame_count)
+    assert frames[0] >= 1 and frames[-1] == frames[0], f"recompiled for new sequence lengths: frames {frames}"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -114,4 +124,4 @@ def test_export_module(device):
     assert any(node.target == torch.ops.flashop.forward.default for node in program.graph.nodes)
     for seqlen in (64, 33):
         (x,) = make(seqlen)
-        torch.testing.assert_close(program.module()(x), module(x), atol=2e-5, rtol=2e-5)
+        assert_same([module(x)], [program.module()(x)])

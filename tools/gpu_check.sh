@@ -19,7 +19,8 @@ step() { echo "=== $1 ($(date +%T))"; }
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the in-place build
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
 
 if has build; then
   step build
@@ -32,14 +33,14 @@ fi
 
 if has test; then
   step test
-  python3 -m pytest -q -x -rs tests -k "cuda or Cuda or CUDA" 2>&1 | tee "$OUT/test_cuda.log" | tail -25
+  python3 -m pytest -q -rfEs tests -k "cuda or Cuda or CUDA" 2>&1 | tee "$OUT/test_cuda.log" | tail -25
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
 if has sanitize; then
   for tool in memcheck racecheck; do
     step "compute-sanitizer $tool"
-    compute-sanitizer --tool $tool --error-exitcode 3 python3 tools/sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
+    compute-sanitizer --tool $tool --error-exitcode 3 python3 tools/sanitize_cases.py ${SANITIZE_CONFIGS:-"bf16.d64.*" "bf16.d128.*" "bf16.d256.*"} > "$OUT/sanitize_$tool.log" 2>&1
     rc=$?
     tail -4 "$OUT/sanitize_$tool.log"
     [ $rc -eq 0 ] || { echo "sanitizer $tool failed (rc=$rc)"; status=1; }
@@ -48,12 +49,12 @@ fi
 
 if has bench; then
   step bench
-  python3 -m flashop.bench --device cuda --out-dir "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v "it/s\]" | tee "$OUT/bench.log" | tail -40
+  python3 -m flashop.bench --device cuda --out-dir "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v "it/s\]" | tail -40
 fi
 if has quick; then
   step "quick bench"
   python3 -m flashop.bench --device cuda --out-dir "$OUT" --dtypes bf16 --headdims 64 128 --seqlens 1024 4096 16384 \
-    ${BENCH_ARGS:-} 2>&1 | grep -v "it/s\]" | tee "$OUT/bench.log" | tail -30
+    ${BENCH_ARGS:-} 2>&1 | grep -v "it/s\]" | tail -30
 fi
 step "done (status $status)"
 exit $status

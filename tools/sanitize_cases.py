@@ -1,8 +1,11 @@
-"""Small shapes for compute-sanitizer (memcheck, racecheck): every built CUDA config on tails,
-causal, GQA and rows with no keys. Also checks values, so a run that reads garbage fails.
+"""Small shapes for compute-sanitizer (memcheck, racecheck): built CUDA configs on tails, causal,
+GQA and rows with no keys. Also checks values, so a run that reads garbage fails.
 
-    compute-sanitizer --tool memcheck python3 tools/sanitize_cases.py
+    compute-sanitizer --tool memcheck python3 tools/sanitize_cases.py ['bf16.*' ...]
+
+Arguments are fnmatch patterns over config names (default: every built bf16 config).
 """
+import fnmatch
 import sys
 
 import torch
@@ -17,9 +20,10 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, heads_q, heads_k)
 ]
 
 
-def main():
+def main(patterns):
     failures = 0
-    for name in flashop.dispatch.built_configs("forward"):
+    names = [n for n in flashop.dispatch.built_configs("forward") if any(fnmatch.fnmatch(n, p) for p in patterns)]
+    for name in names:
         config = KernelConfig.parse(name)
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[config.dtype]
         for b, sq, sk, hq, hk in SHAPES:
@@ -33,9 +37,9 @@ def main():
                     failures += 1
                     print(f"FAIL {name} {(b, sq, sk, hq, hk)} causal={causal}: max error {err:.3e}")
     torch.cuda.synchronize()
-    print(f"sanitize cases done, {failures} failures")
+    print(f"sanitize cases done: {len(names)} configs, {failures} failures")
     sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:] or ["bf16.*"])

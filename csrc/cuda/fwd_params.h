@@ -19,7 +19,8 @@ struct FwdParams {
   // softmax_lse (B, Hq, Sq) float32, natural log; row (query) stride is 1.
   float* lse;
 
-  // Strides in elements.
+  // Strides in elements. Row (sequence) strides must be below 2^24: the
+  // kernels form a thread's offset within a tile in 32 bits.
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
   int64_t v_batch_stride, v_row_stride, v_head_stride;
@@ -32,11 +33,21 @@ struct FwdParams {
   int heads_q;
   int heads_k;
   int head_ratio;  // heads_q / heads_k: kv_head = q_head / head_ratio (GQA/MQA)
+  // ceil(2^32 / head_ratio) when head_ratio >= 2 (fwd_head_ratio_magic): the
+  // kernel divides with one multiply-high, exact for heads below 2^16, and
+  // keeps kv_head in uniform registers (a real division would not).
+  uint32_t head_ratio_magic;
   int headdim;     // must equal the kernel's compile-time head dimension
 
   float scale;       // softmax_scale (> 0; the glue folds a negative scale into q)
   float scale_log2;  // softmax_scale * log2(e): exp(x*scale) = exp2(x*scale_log2)
   bool causal;       // bottom-right aligned: query i sees key j iff j <= i + Sk - Sq
 };
+
+inline uint32_t fwd_head_ratio_magic(int head_ratio) {
+  return head_ratio >= 2 ? uint32_t(((uint64_t(1) << 32) + uint64_t(head_ratio) - 1) /
+                                    uint64_t(head_ratio))
+                         : 0u;
+}
 
 }  // namespace flashop

@@ -64,7 +64,7 @@ struct FwdConfig {
   static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 ||
                     kHeadDim == 192 || kHeadDim == 256,
                 "unsupported head dimension");
-  static_assert(kWarps == 1 || kWarps == 2 || kWarps == 4 || kWarps == 8, "warps: 1, 2, 4 or 8");
+  static_assert(kWarps == 2 || kWarps == 4 || kWarps == 8, "warps: 2, 4 or 8");
   static_assert(kBlockM % kWarps == 0 && (kRowsPerWarp == 16 || kRowsPerWarp == 32),
                 "each warp owns 16 or 32 query rows");
   static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "B_c: 32, 64 or 128");

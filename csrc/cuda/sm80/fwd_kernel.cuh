@@ -1,0 +1,511 @@
+// FlashAttention-2 forward, mma.sync path (sm80 and newer).
+//
+// One thread block computes B_r query rows of one (batch, head):
+//
+//   O = 0, m = -inf, l = 0                       (registers, per query row)
+//   for each key tile j (right to left; tiles right of the causal diagonal skipped):
+//     S   = Q K_j^T                               (mma, fp32 accumulators)
+//     S   = -inf where key >= Sk or (causal) key > query + Sk - Sq
+//     m'  = max(m, rowmax S)
+//     P   = exp2(S * c - m' * c),  c = scale * log2(e)    (one FMA + ex2)
+//     l   = l * exp2((m - m') * c) + rowsum P
+//     O   = O * exp2((m - m') * c) + P V_j        (P stays in registers)
+//   O /= l;  lse = m * scale + ln l               (0 and -inf when no key is seen)
+//
+// Work split: warp w owns query rows [w * B_r/warps, (w+1) * B_r/warps) of the
+// tile: one or two m16 mma row tiles. Every warp reads the whole K and V
+// tile; a warp never reads another warp's Q rows, which the epilogue uses.
+//
+// Knows nothing of torch: pointers and strides in FwdParams, a cudaStream_t.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "../fwd_params.h"
+#include "../kernel_config.h"
+#include "ptx.cuh"
+#include "tiles.cuh"
+
+namespace flashop {
+namespace sm80 {
+
+template <DType>
+struct ElemOf;
+template <>
+struct ElemOf<DType::kFp16> {
+  using type = __half;
+};
+template <>
+struct ElemOf<DType::kBf16> {
+  using type = __nv_bfloat16;
+};
+
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Compile-time constants derived from the config.
+template <class Cfg>
+struct FwdTraits {
+  using Elem = typename ElemOf<Cfg::kDType>::type;
+  static constexpr int kD = Cfg::kHeadDim;
+  static constexpr int kBM = Cfg::kBlockM;
+  static constexpr int kBN = Cfg::kBlockN;
+  static constexpr int kThreads = Cfg::kThreads;
+  static constexpr int kMTiles = Cfg::kRowsPerWarp / 16;  // m16 row tiles per warp
+  static constexpr int kSTiles = kBN / 8;                 // n8 tiles of S (keys)
+  static constexpr int kOTiles = kD / 8;                  // n8 tiles of O (head dims)
+  static constexpr int kQKSteps = kD / 16;                // k16 steps of Q K^T
+  static constexpr int kPVSteps = kBN / 16;               // k16 steps of P V
+  using QTile = SmemTile<kBM, kD, Cfg::kSwizzle>;
+  using KVTile = SmemTile<kBN, kD, Cfg::kSwizzle>;
+  static_assert(QTile::kBytes + 2 * Cfg::kStages * KVTile::kBytes == Cfg::kSmemBytes,
+                "shared-memory plan and FwdConfig::kSmemBytes disagree");
+};
+
+// ---------------------------------------------------------------------------
+// The pieces of one key-tile step, each on a warp's register tiles.
+
+// S[mt][nt] += Q[rows of m tile mt] . K[keys of n tile nt]^T over the head dim.
+// Q comes from shared memory or, with qreg, from the fragments in q_frag.
+template <class Cfg>
+__device__ __forceinline__ void gemm_qk(
+    float (&s)[FwdTraits<Cfg>::kMTiles][FwdTraits<Cfg>::kSTiles][4],
+    const uint32_t (&q_frag)[Cfg::kQInRegs ? FwdTraits<Cfg>::kMTiles : 1]
+                            [Cfg::kQInRegs ? FwdTraits<Cfg>::kQKSteps : 1][4],
+    const LdsmAddr<typename FwdTraits<Cfg>::QTile>& q_addr,
+    const LdsmAddr<typename FwdTraits<Cfg>::KVTile>& k_addr) {
+  using Tr = FwdTraits<Cfg>;
+  using Elem = typename Tr::Elem;
+#pragma unroll
+  for (int ks = 0; ks < Tr::kQKSteps; ++ks) {
+    uint32_t a[Tr::kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+      if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[mt][i] = q_frag[mt][ks][i];
+      } else {
+        ldmatrix_x4(a[mt], q_addr.at(mt * 16, ks));
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < Tr::kSTiles / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4(b, k_addr.at(np * 16, ks));
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+        mma_16816<Elem>(s[mt][2 * np], a[mt], b[0], b[1]);
+        mma_16816<Elem>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// Scores of keys a query row must not see become -inf: keys past the end of
+// the sequence (the zero-filled tail rows of K are not absent keys) and, when
+// causal, keys right of the bottom-right-aligned diagonal (key > row + Sk - Sq).
+// Thread (g = lane/4, t = lane%4) holds rows g and g+8 of each m tile and
+// columns 2t, 2t+1 of each n8 tile.
+template <class Cfg>
+__device__ __forceinline__ void mask_scores(
+    float (&s)[FwdTraits<Cfg>::kMTiles][FwdTraits<Cfg>::kSTiles][4], int key0, int query0,
+    int lane, int seqlen_k, int diag, bool causal) {
+  using Tr = FwdTraits<Cfg>;
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = query0 + mt * 16 + (lane >> 2) + 8 * h;
+      const int key_end = causal ? min(seqlen_k, row + diag + 1) : seqlen_k;  // first hidden key
+#pragma unroll
+      for (int nt = 0; nt < Tr::kSTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = key0 + nt * 8 + 2 * (lane & 3) + e;
+          if (key >= key_end) s[mt][nt][2 * h + e] = -INFINITY;
+        }
+      }
+    }
+  }
+}
+
+// Online softmax update. On exit s holds P = exp2(S*c - m_new*c) (fp32), O and
+// the per-thread partial row sums are rescaled to the new max. The row max is
+// reduced over the 4 lanes (a quad) that share a row; the row sum stays a
+// per-lane partial until the epilogue (the rescale factor is quad-uniform, so
+// partial sums rescale correctly and the shuffles happen once, not per tile).
+template <class Cfg>
+__device__ __forceinline__ void softmax_update(
+    float (&s)[FwdTraits<Cfg>::kMTiles][FwdTraits<Cfg>::kSTiles][4],
+    float (&o)[FwdTraits<Cfg>::kMTiles][FwdTraits<Cfg>::kOTiles][4],
+    float (&row_max)[FwdTraits<Cfg>::kMTiles][2], float (&row_sum)[FwdTraits<Cfg>::kMTiles][2],
+    float scale_log2) {
+  using Tr = FwdTraits<Cfg>;
+#pragma unroll
+  for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = row_max[mt][h];
+#pragma unroll
+      for (int nt = 0; nt < Tr::kSTiles; ++nt) {
+        mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A row that has seen only masked keys keeps m = -inf; use 0 as the
+      // reference there so that -inf - -inf never makes a NaN: its P is then
+      // exp2(-inf) = 0 and the rescale of its (still zero) O and l is 0.
+      const float ref = (mx == -INFINITY) ? 0.f : mx;
+      const float ref_scaled = ref * scale_log2;
+      const float correction = exp2_approx(row_max[mt][h] * scale_log2 - ref_scaled);
+      row_max[mt][h] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < Tr::kSTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = exp2_approx(fmaf(s[mt][nt][2 * h + e], scale_log2, -ref_scaled));
+          s[mt][nt][2 * h + e] = p;
+          sum += p;
+        }
+      }
+      row_sum[mt][h] = row_sum[mt][h] * correction + sum;
+#pragma unroll
+      for (int nt = 0; nt < Tr::kOTiles; ++nt) {
+        o[mt][nt][2 * h] *= correction;
+        o[mt][nt][2 * h + 1] *= correction;
+      }
+    }
+  }
+}
+
+// O += P V. P never leaves registers: the accumulator fragment of two adjacent
+// n8 tiles of S (rows g, g+8; columns 2t, 2t+1 of each) is exactly the A
+// fragment of one k16 step once each pair is rounded to 16 bits and packed.
+template <class Cfg>
+__device__ __forceinline__ void gemm_pv(
+    float (&o)[FwdTraits<Cfg>::kMTiles][FwdTraits<Cfg>::kOTiles][4],
+    const float (&p)[FwdTraits<Cfg>::kMTiles][FwdTraits<Cfg>::kSTiles][4],
+    const LdsmAddr<typename FwdTraits<Cfg>::KVTile>& v_addr) {
+  using Tr = FwdTraits<Cfg>;
+  using Elem = typename Tr::Elem;
+  uint32_t a[Tr::kPVSteps][Tr::kMTiles][4];
+#pragma unroll
+  for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+      a[kk][mt][0] = pack2<Elem>(p[mt][2 * kk][0], p[mt][2 * kk][1]);          // row g,   keys 2t..
+      a[kk][mt][1] = pack2<Elem>(p[mt][2 * kk][2], p[mt][2 * kk][3]);          // row g+8, keys 2t..
+      a[kk][mt][2] = pack2<Elem>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);  // row g,   keys 8+2t..
+      a[kk][mt][3] = pack2<Elem>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);  // row g+8, keys 8+2t..
+    }
+  }
+  // Head-dim pairs outer, keys inner: the swizzled column of the V fragment
+  // changes only in the outer loop, the inner steps are plain row offsets.
+#pragma unroll
+  for (int dp = 0; dp < Tr::kOTiles / 2; ++dp) {
+#pragma unroll
+    for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, v_addr.at(kk * 16, dp));
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+        mma_16816<Elem>(o[mt][2 * dp], a[kk][mt], b[0], b[1]);
+        mma_16816<Elem>(o[mt][2 * dp + 1], a[kk][mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ typename FwdTraits<Cfg>::Elem* output_ptr(const FwdParams& p, int batch,
+                                                                    int head) {
+  return static_cast<typename FwdTraits<Cfg>::Elem*>(p.out) + batch * p.o_batch_stride +
+         head * p.o_head_stride;
+}
+
+__device__ __forceinline__ float* lse_ptr(const FwdParams& p, int batch, int head) {
+  return p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+}
+
+// A query tile none of whose rows sees a key (causal with Sq > Sk): out = 0,
+// lse = -inf, without touching shared memory.
+template <class Cfg>
+__device__ __forceinline__ void write_empty_tile(const FwdParams& p, typename FwdTraits<Cfg>::Elem* out,
+                                                 float* lse, int row0, int tid) {
+  using Tr = FwdTraits<Cfg>;
+  constexpr int kChunksPerRow = Tr::kD / 8;
+  for (int i = tid; i < Tr::kBM * kChunksPerRow; i += Tr::kThreads) {
+    const int row = row0 + i / kChunksPerRow;
+    if (row < p.seqlen_q) {
+      *reinterpret_cast<uint4*>(out + int64_t(row) * p.o_row_stride + (i % kChunksPerRow) * 8) =
+          make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  for (int i = tid; i < Tr::kBM; i += Tr::kThreads) {
+    if (row0 + i < p.seqlen_q) lse[row0 + i] = -INFINITY;
+  }
+}
+
+// ---------------------------------------------------------------------------
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
+  using Tr = FwdTraits<Cfg>;
+  using Elem = typename Tr::Elem;
+  using QTile = typename Tr::QTile;
+  using KVTile = typename Tr::KVTile;
+  constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kThreads = Tr::kThreads;
+  constexpr int kMT = Tr::kMTiles;
+
+  // The kernel has no static shared memory, so the dynamic buffer starts at
+  // shared address 0: every tile base is a multiple of 128 bytes, which
+  // LdsmAddr's XOR addressing and the swizzle rely on.
+  extern __shared__ __align__(128) unsigned char smem[];
+  // [ Q | K stage 0 (| K stage 1) | V stage 0 (| V stage 1) ]
+  const uint32_t sQ = smem_u32(smem);
+  const uint32_t sK = sQ + QTile::kBytes;
+  const uint32_t sV = sK + Cfg::kStages * KVTile::kBytes;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  // Highest query tiles first: under causal masking they see the most keys,
+  // so the long blocks start early and the short ones fill the tail.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  // head / head_ratio as a multiply-high (see FwdParams::head_ratio_magic).
+  const int kv_head =
+      p.head_ratio == 1 ? head : int(__umulhi(unsigned(head), p.head_ratio_magic));
+  const int row0 = m_block * kBM;                    // first query row of the block
+  const int warp_row0 = warp * Cfg::kRowsPerWarp;    // first row of this warp, within the block
+
+  const Elem* q = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
+  const Elem* k = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+  const Elem* v = static_cast<const Elem*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+
+  // Key tiles [0, n_tiles). Causal: query i sees key j iff j <= i + diag, so
+  // the block's last real row sees keys below min(Sq, row0 + B_r) + diag and
+  // every tile at or beyond that is skipped outright.
+  const int diag = p.seqlen_k - p.seqlen_q;
+  int n_tiles = ceil_div(p.seqlen_k, kBN);
+  if (p.causal) {
+    const int keys_seen = min(p.seqlen_q, row0 + kBM) + diag;
+    n_tiles = keys_seen <= 0 ? 0 : min(n_tiles, ceil_div(keys_seen, kBN));
+  }
+  if (n_tiles == 0) {
+    write_empty_tile<Cfg>(p, output_ptr<Cfg>(p, batch, head), lse_ptr(p, batch, head), row0, tid);
+    return;
+  }
+
+  // Prologue: Q and the first key tile. Tiles run right to left, so the tiles
+  // that need masking (the ragged tail, the diagonal) come first.
+  int n = n_tiles - 1;
+  load_tile_async<QTile, kThreads>(sQ, q, p.q_row_stride, row0, p.seqlen_q, tid);
+  load_tile_async<KVTile, kThreads>(sK, k, p.k_row_stride, n * kBN, p.seqlen_k, tid);
+  if constexpr (Cfg::kKVDoubleBuffer) {
+    load_tile_async<KVTile, kThreads>(sV, v, p.v_row_stride, n * kBN, p.seqlen_k, tid);
+  }
+  cp_async_commit();
+
+  float o[kMT][Tr::kOTiles][4];
+  float row_max[kMT][2];
+  float row_sum[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < Tr::kOTiles; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[mt][nt][i] = 0.f;
+    }
+    row_max[mt][0] = row_max[mt][1] = -INFINITY;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+
+  // Q (and the first K, and V with kv2) have landed for every thread.
+  cp_async_wait<0>();
+  __syncthreads();
+
+  uint32_t q_frag[Cfg::kQInRegs ? kMT : 1][Cfg::kQInRegs ? Tr::kQKSteps : 1][4];
+  // Per-lane ldmatrix addresses (one register each, see LdsmAddr).
+  const LdsmAddr<QTile> q_addr = a_frag_addr<QTile>(sQ, warp_row0, lane);
+  const LdsmAddr<KVTile> k_addr0 = b_frag_addr<KVTile>(sK, lane);
+  const LdsmAddr<KVTile> v_addr0 = bt_frag_addr<KVTile>(sV, lane);
+  if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int ks = 0; ks < Tr::kQKSteps; ++ks) ldmatrix_x4(q_frag[mt][ks], q_addr.at(mt * 16, ks));
+    }
+  }
+
+  const int query0 = row0 + warp_row0;  // first query row of this warp
+
+  // Tiles n >= n_plain need a mask: the ragged last tile (keys past Sk) and,
+  // when causal, those reaching right of the first row's diagonal
+  // (key > row0 + diag). Iterating right to left, they come first; the
+  // tiles below n_plain are entirely visible to every row of the block.
+  const int visible_end = p.causal ? min(p.seqlen_k, row0 + diag + 1) : p.seqlen_k;
+  const int n_plain = visible_end > 0 ? visible_end / kBN : 0;
+
+  // One key tile: loads for the next tile, S = Q K^T, (mask), softmax, O += P V.
+  // A single loop with a block-uniform branch around the mask: peeling the
+  // masked tiles into a loop of their own duplicates the body and costs
+  // registers (ptxas then spills), for no gain in the unmasked steps.
+  uint32_t stage_off = 0;  // kv2: byte offset of the stage holding tile n (toggles)
+  for (; n >= 0; --n) {
+    const LdsmAddr<KVTile> k_addr = k_addr0.shifted(stage_off);
+    const LdsmAddr<KVTile> v_addr = v_addr0.shifted(stage_off);
+
+    if constexpr (Cfg::kKVDoubleBuffer) {
+      // Prefetch tile n-1 into the other stage; the barrier that ended the
+      // previous step guarantees every warp is done reading it.
+      if (n > 0) {
+        const uint32_t other = stage_off ^ KVTile::kBytes;
+        load_tile_async<KVTile, kThreads>(sK + other, k, p.k_row_stride, (n - 1) * kBN, p.seqlen_k, tid);
+        load_tile_async<KVTile, kThreads>(sV + other, v, p.v_row_stride, (n - 1) * kBN, p.seqlen_k, tid);
+      }
+      cp_async_commit();
+    } else {
+      // V_n streams in under Q K_n^T; the barrier that ended the previous
+      // step guarantees every warp is done with P V_{n+1}.
+      load_tile_async<KVTile, kThreads>(sV, v, p.v_row_stride, n * kBN, p.seqlen_k, tid);
+      cp_async_commit();
+    }
+
+    float s[kMT][Tr::kSTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < Tr::kSTiles; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[mt][nt][i] = 0.f;
+      }
+    }
+    gemm_qk<Cfg>(s, q_frag, q_addr, k_addr);
+    if (n >= n_plain) mask_scores<Cfg>(s, n * kBN, query0, lane, p.seqlen_k, diag, p.causal);
+
+    if constexpr (!Cfg::kKVDoubleBuffer) {
+      // V_n has landed for every thread, and every warp is done reading K_n,
+      // so K_{n-1} may overwrite it; it streams in under softmax and P V_n.
+      cp_async_wait<0>();
+      __syncthreads();
+      if (n > 0) {
+        load_tile_async<KVTile, kThreads>(sK, k, p.k_row_stride, (n - 1) * kBN, p.seqlen_k, tid);
+      }
+      cp_async_commit();
+    }
+
+    softmax_update<Cfg>(s, o, row_max, row_sum, p.scale_log2);
+    gemm_pv<Cfg>(o, s, v_addr);
+
+    if (n > 0) {
+      // kv2: tile n-1 has landed for every thread, and every warp is done with
+      // this step's stage, which the next step's prefetch overwrites.
+      // Otherwise: K_{n-1} has landed, and every warp is done with P V_n, so
+      // the next step's V load may overwrite the V buffer.
+      cp_async_wait<0>();
+      __syncthreads();
+    }
+    stage_off ^= Cfg::kKVDoubleBuffer ? KVTile::kBytes : 0u;
+  }
+
+  // ---- Epilogue: normalise, write lse, stage O through shared memory. ----
+  // (Output pointers are formed only now so they hold no registers in the loop.)
+  Elem* out = output_ptr<Cfg>(p, batch, head);
+  float* lse = lse_ptr(p, batch, head);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = row_sum[mt][h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      // sum >= 1 once the row has seen any key (its max contributes exp2(0));
+      // sum == 0 means no visible key: out = 0, lse = -inf.
+      const bool seen = sum > 0.f;
+      const float inv = seen ? 1.f / sum : 0.f;
+#pragma unroll
+      for (int nt = 0; nt < Tr::kOTiles; ++nt) {
+        o[mt][nt][2 * h] *= inv;
+        o[mt][nt][2 * h + 1] *= inv;
+      }
+      const int row = query0 + mt * 16 + (lane >> 2) + 8 * h;
+      if ((lane & 3) == 0 && row < p.seqlen_q) {
+        lse[row] = seen ? row_max[mt][h] * p.scale + __logf(sum) : -INFINITY;
+      }
+    }
+  }
+
+  // The output tile reuses this warp's own rows of the Q buffer. No other warp
+  // reads them and no copy is in flight into Q, so a warp-level barrier (all
+  // lanes' last ldmatrix of these rows done) is enough.
+  __syncwarp();
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < Tr::kOTiles; ++nt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = warp_row0 + mt * 16 + (lane >> 2) + 8 * h;
+        // Rows g = 0..7 at the same chunk land in 8 different bank groups
+        // (swizzle) and the 4 lanes of a row fill one group: conflict-free.
+        const uint32_t off = QTile::offset(row, nt) + (lane & 3) * 4;
+        *reinterpret_cast<uint32_t*>(smem + off) =
+            pack2<Elem>(o[mt][nt][2 * h], o[mt][nt][2 * h + 1]);
+      }
+    }
+  }
+  __syncwarp();
+
+  // 16-byte chunks out, in the same block-row order as the loads: 8 (or 4)
+  // consecutive lanes write one contiguous 128-byte (64-byte) global segment.
+  constexpr int kCPB = QTile::kChunksPerBlockRow;
+  constexpr int kRowsPerPass = 32 / kCPB;
+  static_assert(Cfg::kRowsPerWarp % kRowsPerPass == 0, "warp rows must tile the store passes");
+#pragma unroll
+  for (int blk = 0; blk < QTile::kColBlocks; ++blk) {
+#pragma unroll
+    for (int pass = 0; pass < Cfg::kRowsPerWarp / kRowsPerPass; ++pass) {
+      const int row = warp_row0 + pass * kRowsPerPass + lane / kCPB;
+      const int chunk = blk * kCPB + lane % kCPB;
+      const uint4 val = *reinterpret_cast<const uint4*>(smem + QTile::offset(row, chunk));
+      if (row0 + row < p.seqlen_q) {
+        *reinterpret_cast<uint4*>(out + int64_t(row0 + row) * p.o_row_stride + chunk * 8) = val;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Host launcher; the generator instantiates it once per config.
+// Sk == 0 needs no special case: every query tile is then empty and writes
+// out = 0, lse = -inf.
+template <class Cfg>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  if (p.headdim != Cfg::kHeadDim || p.head_ratio < 1) return cudaErrorInvalidValue;
+  if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return cudaSuccess;  // nothing to write
+  constexpr int kSmem = int(Cfg::kSmemBytes);
+  auto* kernel = &fwd_kernel<Cfg>;
+  if (kSmem > 48 * 1024) {
+    // Dynamic shared memory beyond 48 KiB must be opted into, per device.
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    static std::atomic<unsigned long long> configured{0};  // one bit per device
+    const unsigned long long bit = dev < 64 ? (1ull << dev) : 0ull;
+    if (bit == 0 || (configured.load(std::memory_order_acquire) & bit) == 0) {
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      if (err != cudaSuccess) return err;
+      configured.fetch_or(bit, std::memory_order_acq_rel);
+    }
+  }
+  const dim3 grid(ceil_div(p.seqlen_q, Cfg::kBlockM), p.heads_q, p.batch);
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace sm80
+}  // namespace flashop

@@ -1,0 +1,314 @@
+"""Kernel configurations: the Python mirror of csrc/cuda/kernel_config.h.
+
+A forward kernel is described by a :class:`KernelConfig` whose short string
+form names it everywhere (the registry, the ``config=`` argument, the tuner's
+cache, ``FLASHOP_KERNELS``)::
+
+    <dtype>.d<headdim>.br<block_m>.bc<block_n>.w<warps>[.<flag>...]
+    e.g.  bf16.d128.br128.bc64.w4        fp16.d64.br128.bc128.w4.kv2
+
+Flags (pipeline options), always in this order when present:
+
+    kv2    K/V double-buffered: tile j+1's K and V are fetched during tile j
+           (one barrier per key tile, twice the K/V shared memory). Without
+           it, one buffer each: V_j streams in under Q K_j^T and K_{j+1}
+           under softmax + P V_j (two barriers per key tile).
+    qreg   Q's mma fragments stay in registers for the whole key loop instead
+           of being re-read from shared memory for every key tile.
+    noswz  no XOR swizzle of shared tiles (ablation: ldmatrix bank conflicts).
+
+Building only a subset: ``FLASHOP_KERNELS`` is a comma-separated list of
+fnmatch patterns over config names, e.g. ``FLASHOP_KERNELS='bf16.d128.*'`` or
+``'*.d64.br128.bc128.w4,*.d128.*'``. Unset or empty means every config in
+:data:`FORWARD_CONFIGS`. A pattern without wildcards that is a valid config
+name selects that config even if it is not in the default list. A pattern that
+selects nothing is an error (it is almost always a typo).
+
+This module imports only the standard library: setup.py loads it by file path
+before the extension exists (possibly without registering it in sys.modules,
+which is why it avoids ``from __future__ import annotations``: a dataclass
+with string annotations looks its module up there).
+"""
+
+import fnmatch
+import os
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+__all__ = [
+    "DTYPES",
+    "HEADDIMS",
+    "FLAGS",
+    "MAX_SMEM_BYTES",
+    "KernelConfig",
+    "FORWARD_CONFIGS",
+    "selected_configs",
+]
+
+DTYPES = ("fp16", "bf16")
+HEADDIMS = (32, 64, 96, 128, 192, 256)
+BLOCK_NS = (32, 64, 128)
+WARPS = (2, 4, 8)
+# Flag name -> KernelConfig field, in canonical (short-form) order.
+FLAGS = ("kv2", "qreg", "noswz")
+# Most dynamic shared memory a block can opt into on any sm80+ GPU (H100: 227 KiB).
+MAX_SMEM_BYTES = 227 * 1024
+ELEMENT_BYTES = 2  # fp16 / bf16
+ENV_VAR = "FLASHOP_KERNELS"
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One forward kernel; field for field the C++ ``FwdConfig`` template."""
+
+    dtype: str  # "fp16" | "bf16"
+    headdim: int  # D
+    block_m: int  # B_r: query rows per thread block
+    block_n: int  # B_c: keys per key tile
+    warps: int  # warps per block; each owns block_m // warps query rows (16 or 32)
+    kv_double_buffer: bool = False  # flag "kv2"
+    q_in_regs: bool = False  # flag "qreg"
+    swizzle: bool = True  # flag "noswz" when False
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.dtype not in DTYPES:
+            problems.append(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.headdim not in HEADDIMS:
+            problems.append(
+                f"headdim {self.headdim} is not one of {', '.join(map(str, HEADDIMS))}"
+            )
+        if self.block_n not in BLOCK_NS:
+            problems.append(
+                f"block_n (bc) {self.block_n} is not one of {', '.join(map(str, BLOCK_NS))}"
+            )
+        if self.warps not in WARPS:
+            problems.append(f"warps {self.warps} is not one of {', '.join(map(str, WARPS))}")
+        elif self.block_m <= 0 or self.block_m % self.warps or self.rows_per_warp not in (16, 32):
+            problems.append(
+                f"block_m (br) {self.block_m} with {self.warps} warps gives "
+                f"{self.block_m / self.warps:g} rows per warp; each warp must own 16 or 32 rows"
+            )
+        if not problems and self.smem_bytes() > MAX_SMEM_BYTES:
+            problems.append(
+                f"needs {self.smem_bytes()} bytes of shared memory, more than any "
+                f"supported GPU offers ({MAX_SMEM_BYTES})"
+            )
+        if problems:
+            raise ValueError(f"invalid kernel config {self.name!r}: " + "; ".join(problems))
+
+    # -- derived -----------------------------------------------------------------
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def rows_per_warp(self) -> int:
+        return self.block_m // self.warps
+
+    @property
+    def stages(self) -> int:
+        """K/V buffers: 2 with kv2, else 1."""
+        return 2 if self.kv_double_buffer else 1
+
+    @property
+    def flags(self) -> tuple:
+        """Flag names set on this config, in canonical order."""
+        on = {"kv2": self.kv_double_buffer, "qreg": self.q_in_regs, "noswz": not self.swizzle}
+        return tuple(f for f in FLAGS if on[f])
+
+    @property
+    def flag_bits(self) -> int:
+        """The C++ ``FwdFlag`` bitmask (kv2 = 1, qreg = 2, noswz = 4)."""
+        return sum(1 << i for i, f in enumerate(FLAGS) if f in self.flags)
+
+    @property
+    def min_sm(self) -> int:
+        """Lowest compute capability (major * 10 + minor) the kernel runs on."""
+        return 80
+
+    @property
+    def name(self) -> str:
+        parts = [
+            str(self.dtype),
+            f"d{self.headdim}",
+            f"br{self.block_m}",
+            f"bc{self.block_n}",
+            f"w{self.warps}",
+            *self.flags,
+        ]
+        return ".".join(parts)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per block: Q tile + stages x (K tile + V tile).
+
+        Must equal ``FwdConfig::kSmemBytes`` (the generated code static_asserts it).
+        """
+        return ELEMENT_BYTES * self.headdim * (self.block_m + 2 * self.stages * self.block_n)
+
+    # -- parsing ------------------------------------------------------------------
+    @classmethod
+    def parse(cls, s: str) -> "KernelConfig":
+        """Inverse of :attr:`name`; raises ValueError saying what is wrong."""
+        if not isinstance(s, str):
+            raise ValueError(f"kernel config must be a string, got {type(s).__name__}")
+        form = "<dtype>.d<headdim>.br<block_m>.bc<block_n>.w<warps>[.kv2][.qreg][.noswz]"
+        parts = s.strip().split(".")
+        if len(parts) < 5:
+            raise ValueError(f"kernel config {s!r}: expected the form {form}")
+        dtype = parts[0]
+        if dtype not in DTYPES:
+            raise ValueError(
+                f"kernel config {s!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}"
+            )
+
+        def number(part: str, prefix: str, what: str) -> int:
+            if not part.startswith(prefix) or not part[len(prefix):].isdigit():
+                raise ValueError(
+                    f"kernel config {s!r}: expected {what} as '{prefix}<int>', got {part!r} "
+                    f"(form {form})"
+                )
+            return int(part[len(prefix):])
+
+        headdim = number(parts[1], "d", "the head dimension")
+        block_m = number(parts[2], "br", "B_r (query rows per block)")
+        block_n = number(parts[3], "bc", "B_c (keys per tile)")
+        warps = number(parts[4], "w", "the warp count")
+        flags = parts[5:]
+        for f in flags:
+            if f not in FLAGS:
+                raise ValueError(
+                    f"kernel config {s!r}: unknown flag {f!r}; known flags: {', '.join(FLAGS)}"
+                )
+        if len(set(flags)) != len(flags):
+            raise ValueError(f"kernel config {s!r}: repeated flag")
+        canonical = [f for f in FLAGS if f in flags]
+        if flags != canonical:
+            raise ValueError(
+                f"kernel config {s!r}: flags must appear in the order "
+                f"{', '.join(FLAGS)} (write {'.'.join(parts[:5] + canonical)!r})"
+            )
+        return cls(
+            dtype=dtype,
+            headdim=headdim,
+            block_m=block_m,
+            block_n=block_n,
+            warps=warps,
+            kv_double_buffer="kv2" in flags,
+            q_in_regs="qreg" in flags,
+            swizzle="noswz" not in flags,
+        )
+
+
+def _cfg(dtype: str, d: int, br: int, bc: int, w: int, *flags: str) -> KernelConfig:
+    return KernelConfig(
+        dtype=dtype,
+        headdim=d,
+        block_m=br,
+        block_n=bc,
+        warps=w,
+        kv_double_buffer="kv2" in flags,
+        q_in_regs="qreg" in flags,
+        swizzle="noswz" not in flags,
+    )
+
+
+# (headdim, block_m, block_n, warps, flags...) built for both dtypes. A few per
+# head dimension so the policy and the tuner have choices: the main shape first
+# (the FlashAttention-2 shape, or its spill-free neighbour: d64 128x128 leaves
+# ptxas 8 bytes of spill), a smaller B_c (less causal waste, fewer registers), a
+# B_r = 64 one (more blocks for short or few-head problems), and kv2 variants.
+# The C++ glue's config='' fallback takes the first one that fits the device.
+_FORWARD_SHAPES = (
+    (32, 128, 128, 4),
+    (32, 128, 64, 4),
+    (32, 64, 64, 4),
+    (64, 128, 64, 4),
+    (64, 128, 128, 4),
+    (64, 64, 64, 4),
+    (64, 128, 128, 4, "kv2"),
+    (64, 128, 64, 4, "kv2"),
+    (64, 64, 64, 4, "qreg"),
+    (96, 128, 64, 4),
+    (96, 128, 32, 4),
+    (96, 64, 64, 4),
+    (96, 128, 64, 4, "kv2"),
+    (128, 128, 64, 4),
+    (128, 128, 32, 4),
+    (128, 64, 64, 4),
+    (128, 128, 64, 8),
+    (128, 128, 64, 4, "kv2"),
+    (128, 128, 32, 4, "kv2"),
+    (192, 128, 64, 8),
+    (192, 64, 64, 4),
+    (192, 64, 32, 4),
+    (192, 128, 64, 8, "kv2"),
+    (256, 128, 64, 8),
+    (256, 64, 64, 4),
+    (256, 64, 32, 4),
+    (256, 128, 64, 8, "kv2"),
+    (256, 64, 64, 4, "kv2"),
+)
+
+# Ablation configs (bf16, d128 only): bf16.d128.br64.bc64.w4 (built above)
+# with one option changed, so the benchmark can show what each is worth. (On
+# br128.bc64.w4, which sits at 255 registers, noswz would also spill and muddy
+# the comparison.)
+_ABLATION_SHAPES = (
+    (128, 64, 64, 4, "noswz"),
+    (128, 64, 64, 4, "qreg"),
+)
+
+FORWARD_CONFIGS: tuple = tuple(
+    [_cfg(dt, *shape) for dt in DTYPES for shape in _FORWARD_SHAPES]
+    + [_cfg("bf16", *shape) for shape in _ABLATION_SHAPES]
+)
+
+
+def _split_patterns(value: str) -> list:
+    return [p.strip() for p in value.split(",") if p.strip()]
+
+
+def selected_configs(
+    env: Mapping[str, str] | None = None, configs: Iterable[KernelConfig] | None = None
+) -> list:
+    """The configs to build: those of ``configs`` (default FORWARD_CONFIGS) whose
+    name matches a pattern of ``env['FLASHOP_KERNELS']``; all of them when the
+    variable is unset or empty. Order follows ``configs``, then extra exact names.
+    """
+    if env is None:
+        env = os.environ
+    pool = list(FORWARD_CONFIGS if configs is None else configs)
+    patterns = _split_patterns(env.get(ENV_VAR, "") or "")
+    if not patterns:
+        return pool
+    chosen: list = []
+    seen = set()
+    unmatched = []
+    for pat in patterns:
+        hits = [c for c in pool if fnmatch.fnmatchcase(c.name, pat)]
+        if not hits and not any(ch in pat for ch in "*?["):
+            try:
+                hits = [KernelConfig.parse(pat)]
+            except ValueError as e:
+                raise ValueError(
+                    f"{ENV_VAR}: {pat!r} matches no config of FORWARD_CONFIGS and is not a "
+                    f"valid config name either ({e})"
+                ) from None
+        if not hits:
+            unmatched.append(pat)
+        for c in hits:
+            if c.name not in seen:
+                seen.add(c.name)
+                chosen.append(c)
+    if unmatched:
+        raise ValueError(
+            f"{ENV_VAR}: pattern(s) {', '.join(repr(p) for p in unmatched)} match no kernel "
+            f"config; available: {', '.join(c.name for c in pool)}"
+        )
+    order = {c.name: i for i, c in enumerate(pool)}
+    chosen.sort(key=lambda c: order.get(c.name, len(order)))
+    return chosen
