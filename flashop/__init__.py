@@ -15,6 +15,7 @@ from .ops import (
     flash_attn_qkvpacked_func,
     scaled_dot_product_attention,
 )
+from .tune import forward_timed, tune
 
 __all__ = [
     "configs",
@@ -25,5 +26,7 @@ __all__ = [
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
     "scaled_dot_product_attention",
+    "forward_timed",
+    "tune",
 ]
 __version__ = "0.1.0"

@@ -47,7 +47,6 @@ def standard_problems(dtypes=("bf16", "fp16"), headdims=(64, 128, 256), seqlens=
 def tune(problems=None, device=None, write=True, progress=True, quiet=False):
     """Times every candidate config of each (problem, (batch, heads)) pair; returns
     {bucket key: (best config, {config: ms})} and, with write=True, merges the winners into the cache."""
-    import triton.testing
     from tqdm import tqdm
 
     index = torch.cuda.current_device() if device is None else device
@@ -59,25 +58,65 @@ def tune(problems=None, device=None, write=True, progress=True, quiet=False):
         pool = dispatch.candidates(info, problem, built)
         if not pool:
             continue
-        dtype = _DTYPES[problem.dtype]
-        q = torch.randn(batch, problem.seqlen_q, heads, problem.headdim, device=index, dtype=dtype)
-        k, v = (torch.randn(batch, problem.seqlen_k, heads, problem.headdim, device=index, dtype=dtype)
-                for _ in range(2))
-        times = {}
-        for config in pool:
-            def run(name=config.name):
-                torch.ops.flashop.forward(q, k, v, None, problem.causal, name)
-            times[config.name] = triton.testing.do_bench(run, warmup=10, rep=40, return_mode="median")
+        times = _time_candidates(problem, batch, heads, pool, index)
         best = min(times, key=times.get)
         results[dispatch.bucket_key(problem)] = (best, times)
         if not quiet:
             tqdm.write(f"{dispatch.bucket_key(problem)}: {best} {times[best]:.3f} ms")
-        del q, k, v
     if write and results:
         path = dispatch.write_cache({info.name: {key: best for key, (best, _) in results.items()}})
         if not quiet:
             print(f"wrote {len(results)} entries to {path}")
     return results
+
+
+def _time_candidates(problem, batch, heads, pool, index):
+    import triton.testing
+
+    dtype = _DTYPES[problem.dtype]
+    q = torch.randn(batch, problem.seqlen_q, heads, problem.headdim, device=index, dtype=dtype)
+    k, v = (torch.randn(batch, problem.seqlen_k, heads, problem.headdim, device=index, dtype=dtype) for _ in range(2))
+    times = {}
+    for config in pool:
+        def run(name=config.name):
+            torch.ops.flashop.forward(q, k, v, None, problem.causal, name)
+        times[config.name] = triton.testing.do_bench(run, warmup=10, rep=40, return_mode="median")
+    return times
+
+
+def policy_report(problems=None, device=None, progress=True):
+    """Policy vs best, measured: pass 1 tunes (writes the cache), pass 2 re-times every candidate and
+    reports, per problem, the best config, the heuristic's pick (no cache) and the cached pick, with
+    their times relative to the best. Returns (markdown, rows)."""
+    from tqdm import tqdm
+
+    index = torch.cuda.current_device() if device is None else device
+    info = DeviceInfo.of(index)
+    built = dispatch.built_configs("forward")
+    problems = list(standard_problems() if problems is None else problems)
+    tune(problems, device=index, write=True, progress=progress, quiet=True)
+    tuned = dispatch.read_cache().get(info.name, {})
+    rows = []
+    for problem, (batch, heads) in tqdm(problems, desc="policy vs best", disable=not progress):
+        pool = dispatch.candidates(info, problem, built)
+        if not pool:
+            continue
+        times = _time_candidates(problem, batch, heads, pool, index)
+        best = min(times, key=times.get)
+        heuristic = dispatch.choose_config(info, problem, built)[0]
+        cached = dispatch.choose_config(info, problem, built, tuned)[0]
+        rows.append((problem, best, times[best], heuristic, times[best] / times[heuristic], cached,
+                     times[best] / times[cached]))
+    lines = [f"Policy vs best built config on {info.name} (forward; ratio = best time / chosen time)", "",
+             "| dtype | d | causal | seqlen | best | ms | heuristic pick | ratio | cached pick | ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for problem, best, ms, heuristic, h_ratio, cached, c_ratio in rows:
+        lines.append(f"| {problem.dtype} | {problem.headdim} | {problem.causal} | {problem.seqlen_q} | {best} | "
+                     f"{ms:.3f} | {heuristic} | {h_ratio:.3f} | {cached} | {c_ratio:.3f} |")
+    if rows:
+        lines += ["", f"Worst heuristic ratio: {min(r[4] for r in rows):.3f}; worst cached ratio: "
+                      f"{min(r[6] for r in rows):.3f} over {len(rows)} problems."]
+    return "\n".join(lines) + "\n", rows
 
 
 def main(argv=None):
@@ -88,8 +127,15 @@ def main(argv=None):
     p.add_argument("--causal", nargs="*", type=lambda s: s.lower() in ("1", "true", "yes"), default=[False, True])
     p.add_argument("--tokens", type=int, default=32768, help="batch x seqlen")
     p.add_argument("--dry-run", action="store_true", help="time, but do not write the cache")
+    p.add_argument("--report", metavar="FILE", help="tune, then measure policy vs best and write a markdown table")
     args = p.parse_args(argv)
     problems = standard_problems(args.dtypes, args.headdims, args.seqlens, args.causal, args.tokens)
+    if args.report:
+        table, _ = policy_report(problems)
+        print(table)
+        with open(args.report, "w") as f:
+            f.write(table)
+        return
     tune(problems, write=not args.dry_run)
 
 
