@@ -312,3 +312,4 @@ def selected_configs(
     order = {c.name: i for i, c in enumerate(pool)}
     chosen.sort(key=lambda c: order.get(c.name, len(order)))
     return chosen
+
