@@ -2,8 +2,9 @@
 # The GPU machine in one command: build with all cores, CUDA tests, compute-sanitizer on small
 # shapes, the CUDA benchmark; logs, the report (markdown + PNG) and the build report under $OUT.
 #
-#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick]    (no stage named: all but quick)
+#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick] [policy]   (none named: build test sanitize bench)
 #
+# policy: tune, then measure the policy's picks against the best config per shape.
 # quick: a short benchmark (seqlens 1k/4k/16k, d64/d128, bf16). Extra arguments for the benchmark
 # go in BENCH_ARGS. Offline wheels under .whl/ (e.g. expecttest) are installed first.
 set -uo pipefail
@@ -55,6 +56,11 @@ if has quick; then
   step "quick bench"
   python3 -m flashop.bench --device cuda --out-dir "$OUT" --dtypes bf16 --headdims 64 128 --seqlens 1024 4096 16384 \
     ${BENCH_ARGS:-} 2>&1 | grep -v "it/s\]" | tail -30
+fi
+if has policy; then
+  step "policy vs best (tunes into a scratch cache)"
+  FLASHOP_CACHE_DIR="$OUT/cache" python3 -m flashop.tune --report "$OUT/policy.md" ${TUNE_ARGS:-} 2>&1 | grep -v "it/s\]" | tail -8
+  cp "$OUT/cache/tuned_v1.json" "$OUT/tuned_cache.json" 2>/dev/null; rm -rf "$OUT/cache"
 fi
 step "done (status $status)"
 exit $status
