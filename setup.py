@@ -4,7 +4,8 @@ kernels when the installed torch has CUDA.
 Environment:
   FLASHOP_CUDA=0/1       force the CUDA build off/on (default: on when torch has CUDA and nvcc is found)
   FLASHOP_CUDA_ARCHS     mma.sync targets, e.g. "80;90" (default); Hopper-only sources always get sm_90a
-  FLASHOP_KERNELS        comma-separated patterns of kernel configs to build (see flashop/configs.py)
+  FLASHOP_KERNELS        comma-separated patterns of forward kernel configs to build (see flashop/configs.py)
+  FLASHOP_BWD_KERNELS    the same for the backward kernels (names bwd.<dtype>.d<D>..., tools/gen_bwd_kernels.py)
   MAX_JOBS               parallel compile jobs (ninja)
 """
 import glob
@@ -65,8 +66,11 @@ def extension():
 
     configs = load_by_path("flashop_configs", "flashop/configs.py")
     generator = load_by_path("flashop_gen_kernels", "tools/gen_kernels.py")
-    generated = generator.generate(os.path.join(ROOT, "csrc/cuda/instantiations"), configs.selected_configs())
-    sources += ["csrc/cuda/forward_cuda.cpp"]
+    bwd_generator = load_by_path("flashop_gen_bwd_kernels", "tools/gen_bwd_kernels.py")
+    out_dir = os.path.join(ROOT, "csrc/cuda/instantiations")
+    generated = generator.generate(out_dir, configs.selected_configs())
+    generated += bwd_generator.generate(out_dir, os.environ.get("FLASHOP_BWD_KERNELS") or None)
+    sources += ["csrc/cuda/forward_cuda.cpp", "csrc/cuda/backward_cuda.cpp"]
     sources += sorted(os.path.relpath(p, ROOT) for p in generated)
     archs = os.environ.get("FLASHOP_CUDA_ARCHS", "80;90").replace(",", ";").split(";")
     nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr"]

@@ -5,21 +5,27 @@
 #include <torch/library.h>
 
 #ifdef FLASHOP_WITH_CUDA
-namespace flashop::cuda {
+namespace flashop {
+namespace cuda {
 void register_cuda_bindings(pybind11::module_& m);
 }
+void register_cuda_backward_bindings(pybind11::module_& m);
+}  // namespace flashop
 #endif
 
 TORCH_LIBRARY(flashop, m) {
   // The fake kernels live in Python; this tells the dispatcher where.
+  // `deterministic` asks the backward for bit-identical gradients run to run; the forward takes it
+  // only so autograd can carry it from the Python APIs to the backward.
   m.set_python_module("flashop.meta");
   m.def(
       "forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
-      "str? config=None) -> (Tensor out, Tensor softmax_lse)",
+      "str? config=None, bool deterministic=False) -> (Tensor out, Tensor softmax_lse)",
       {at::Tag::pt2_compliant_tag});
   m.def(
       "backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
-      "float? softmax_scale=None, bool causal=False, str? config=None) -> (Tensor dq, Tensor dk, Tensor dv)",
+      "float? softmax_scale=None, bool causal=False, str? config=None, bool deterministic=False) "
+      "-> (Tensor dq, Tensor dk, Tensor dv)",
       {at::Tag::pt2_compliant_tag});
 }
 
@@ -28,6 +34,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #ifdef FLASHOP_WITH_CUDA
   m.attr("WITH_CUDA") = true;
   flashop::cuda::register_cuda_bindings(m);
+  flashop::register_cuda_backward_bindings(m);
 #else
   m.attr("WITH_CUDA") = false;
 #endif

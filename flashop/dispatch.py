@@ -63,12 +63,31 @@ def _native():
     return _C
 
 
+@functools.lru_cache(maxsize=None)
+def _built(direction: str) -> tuple[str, ...]:
+    native = _native()
+    getter = getattr(native, f"built_{direction}_configs", None)
+    return tuple(getter()) if native.WITH_CUDA and getter is not None else ()
+
+
 def built_configs(direction: str = "forward") -> list[str]:
     """Names of the CUDA kernel configs compiled into this build."""
-    native = _native()
-    if not native.WITH_CUDA or direction != "forward":
-        return []
-    return list(native.built_forward_configs())
+    return list(_built(direction))
+
+
+def dtype_and_headdim(name: str) -> tuple[str, int]:
+    """What a built config name says it takes: forward `bf16.d128...`, backward `bwd.bf16.d128...`."""
+    if name.startswith("bwd."):
+        _, dtype, headdim = name.split(".")[:3]
+        return dtype, int(headdim[1:])
+    config = KernelConfig.parse(name)
+    return config.dtype, config.headdim
+
+
+@functools.lru_cache(maxsize=None)
+def _built_pairs(direction: str) -> frozenset:
+    """(dtype code, headdim) pairs some built kernel takes: the per-call check stays a set lookup."""
+    return frozenset(map(dtype_and_headdim, _built(direction)))
 
 
 def check_config(config: str | None, device: torch.device, dtype: torch.dtype, headdim: int, direction: str):
@@ -78,8 +97,9 @@ def check_config(config: str | None, device: torch.device, dtype: torch.dtype, h
     if config is None:
         if device.type == "cuda":
             code = dtype_code(dtype) or str(dtype).removeprefix("torch.")
-            built = built_configs(direction)
-            if not any(KernelConfig.parse(n).dtype == code and KernelConfig.parse(n).headdim == headdim for n in built):
+            # Compare rather than hash: headdim is a SymInt while tracing with dynamic shapes.
+            if not any(code == d and headdim == hd for d, hd in _built_pairs(direction)):
+                built = built_configs(direction)
                 raise RuntimeError(
                     f"{op}: no built CUDA kernel runs {code} headdim {headdim} (built: {', '.join(built) or 'none'}); "
                     "CUDA kernels take float16/bfloat16 with headdim 32, 64, 96, 128, 192 or 256")
@@ -89,28 +109,40 @@ def check_config(config: str | None, device: torch.device, dtype: torch.dtype, h
             raise RuntimeError(f"{op}: config '{config}' is not a CPU kernel config; the CPU backend has one kernel, "
                                f"config=None or '{CPU_CONFIG}'")
         return
-    built = built_configs(direction)
+    built = _built(direction)
     if config not in built:
         raise RuntimeError(f"{op}: unknown kernel config '{config}'; built configs: {', '.join(built) or '(none)'}")
-    parsed = KernelConfig.parse(config)
-    if parsed.dtype != dtype_code(dtype) or parsed.headdim != headdim:
-        raise RuntimeError(f"{op}: kernel config '{config}' is for {parsed.dtype} headdim {parsed.headdim}, "
+    config_dtype, config_headdim = dtype_and_headdim(config)
+    if config_dtype != dtype_code(dtype) or config_headdim != headdim:
+        raise RuntimeError(f"{op}: kernel config '{config}' is for {config_dtype} headdim {config_headdim}, "
                            f"but the inputs are {dtype} headdim {headdim}")
 
 
 # ---------------------------------------------------------------- the policy
 
-# Heuristic preference per head dimension, best first, as (block_m, block_n, warps, flags). Measured on
-# H100/H200 (docs/benchmarks.md); configs not built or not fitting the device are skipped.
-HEURISTIC_ORDER = {
-    32: [(128, 128, 4, ()), (128, 64, 4, ()), (64, 64, 4, ())],
-    64: [(128, 128, 4, ("kv2",)), (128, 64, 4, ("kv2",)), (128, 128, 4, ()), (128, 64, 4, ()), (64, 64, 4, ())],
-    96: [(128, 64, 4, ("kv2",)), (128, 64, 4, ()), (128, 32, 4, ()), (64, 64, 4, ())],
-    128: [(128, 64, 4, ("kv2",)), (128, 64, 4, ()), (128, 32, 4, ("kv2",)), (128, 32, 4, ()), (128, 64, 8, ()),
-          (64, 64, 4, ())],
-    192: [(128, 64, 8, ("kv2",)), (128, 64, 8, ()), (64, 64, 4, ()), (64, 32, 4, ())],
-    256: [(128, 64, 8, ("kv2",)), (128, 64, 8, ()), (64, 64, 4, ("kv2",)), (64, 64, 4, ()), (64, 32, 4, ())],
-}
+# Heuristic preference, best first, as (block_m, block_n, warps, flags), from the per-config timings
+# of the policy report on an H200 (docs/benchmarks.md). Configs not built or not fitting the device are
+# skipped; the first that remains wins.
+_KV2 = ("kv2",)
+
+
+def heuristic_order(problem: "Problem") -> list:
+    d, seqlen, causal = problem.headdim, problem.seqlen_k, problem.causal
+    if d <= 32:
+        return [(128, 128, 4, ()), (128, 64, 4, ()), (64, 64, 4, ())]
+    if d <= 64:
+        return [(128, 64, 4, _KV2), (128, 64, 4, ()), (128, 128, 4, _KV2), (128, 128, 4, ()), (64, 64, 4, ())]
+    if d <= 96:
+        return [(128, 64, 4, _KV2), (128, 64, 4, ()), (128, 32, 4, ()), (64, 64, 4, ())]
+    if d <= 128:
+        return [(128, 64, 4, _KV2), (128, 64, 4, ()), (128, 32, 4, _KV2), (128, 32, 4, ()), (128, 64, 8, ()),
+                (64, 64, 4, ())]
+    # d192/d256: 128-row tiles need 8 warps and one block per SM; on short (or causal, hence lighter)
+    # problems two 64-row blocks per SM win.
+    short = seqlen <= (4096 if causal else 2048)
+    large = [(128, 64, 8, ()), (128, 64, 8, _KV2)]
+    small = [(64, 64, 4, ()), (64, 64, 4, _KV2), (64, 32, 4, ())]
+    return small + large if short else large + small
 
 
 def _shape_of(config: KernelConfig):
@@ -142,7 +174,7 @@ def choose_config(device: DeviceInfo, problem: Problem, built: list[str], tuned:
     key = bucket_key(problem)
     if tuned and tuned.get(key) in names:
         return tuned[key], f"tuned cache entry {key}"
-    order = HEURISTIC_ORDER.get(problem.headdim, [])
+    order = heuristic_order(problem)
     rank = {shape: i for i, shape in enumerate(order)}
     ranked = sorted(pool, key=lambda c: (rank.get(_shape_of(c), len(order)), -c.block_m, -c.block_n))
     best = ranked[0]

@@ -77,7 +77,7 @@ def _check_scale(softmax_scale):
 
 
 @torch.library.register_fake("flashop::forward")
-def forward_fake(q, k, v, softmax_scale=None, causal=False, config=None):
+def forward_fake(q, k, v, softmax_scale=None, causal=False, config=None, deterministic=False):
     batch, seqlen_q, _, heads_q, _, headdim = check_forward_inputs(q, k, v)
     _check_scale(softmax_scale)
     dispatch.check_config(config, q.device, q.dtype, headdim, "forward")
@@ -87,7 +87,8 @@ def forward_fake(q, k, v, softmax_scale=None, causal=False, config=None):
 
 
 @torch.library.register_fake("flashop::backward")
-def backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, config=None):
+def backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, config=None,
+                  deterministic=False):
     dims = check_forward_inputs(q, k, v)
     check_backward_inputs(dout, q, out, softmax_lse, dims)
     _check_scale(softmax_scale)

@@ -13,11 +13,12 @@ backward_op = torch.ops.flashop.backward.default
 # ---------------------------------------------------------------- autograd
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, _config = inputs
+    q, k, v, softmax_scale, causal, _config, deterministic = inputs
     out, softmax_lse = output
     ctx.save_for_backward(q, k, v, out, softmax_lse)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
+    ctx.deterministic = deterministic
     # The LSE is an auxiliary output, as in FlashAttention: no gradient flows through it.
     ctx.mark_non_differentiable(softmax_lse)
 
@@ -27,8 +28,9 @@ def _backward(ctx, dout, _dlse):
     if dout.size(-1) > 1 and dout.stride(-1) != 1:
         # Incoming gradients can be expanded or transposed; the kernels need unit stride in headdim only.
         dout = dout.contiguous()
-    dq, dk, dv = backward_op(dout, q, k, v, out, softmax_lse, ctx.softmax_scale, ctx.causal, None)
-    return dq, dk, dv, None, None, None
+    dq, dk, dv = backward_op(dout, q, k, v, out, softmax_lse, ctx.softmax_scale, ctx.causal, None,
+                             ctx.deterministic)
+    return dq, dk, dv, None, None, None, None
 
 
 torch.library.register_autograd("flashop::forward", _backward, setup_context=_setup_context)
@@ -39,12 +41,20 @@ torch.library.register_autograd("flashop::forward", _backward, setup_context=_se
 if _C.WITH_CUDA:
 
     @torch.library.register_kernel("flashop::forward", "cuda")
-    def _forward_cuda(q, k, v, softmax_scale=None, causal=False, config=None):
+    def _forward_cuda(q, k, v, softmax_scale=None, causal=False, config=None, deterministic=False):
         dispatch.check_config(config, q.device, q.dtype, q.size(-1), "forward")
         if config is None:
             config = dispatch.config_for(q, k, causal, "forward")
         scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
         return _C.cuda_forward(q, k, v, scale, causal, config)
+
+    @torch.library.register_kernel("flashop::backward", "cuda")
+    def _backward_cuda(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, config=None,
+                       deterministic=False):
+        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "backward")
+        scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
+        # config "" lets the kernel library take the first built backward config that fits the device.
+        return _C.cuda_backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, config or "")
 
 
 # ---------------------------------------------------------------- FlashAttention-style API
@@ -60,8 +70,8 @@ def _reject_unsupported(dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_
         raise NotImplementedError("flashop: alibi_slopes is not supported yet")
 
 
-def _attention(q, k, v, softmax_scale, causal, return_attn_probs, config):
-    out, softmax_lse = forward_op(q, k, v, softmax_scale, causal, config)
+def _attention(q, k, v, softmax_scale, causal, return_attn_probs, config, deterministic=False):
+    out, softmax_lse = forward_op(q, k, v, softmax_scale, causal, config, deterministic)
     # FlashAttention returns (out, softmax_lse, S_dmask); S_dmask only exists with dropout.
     return (out, softmax_lse, None) if return_attn_probs else out
 
@@ -74,7 +84,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse, None) with return_attn_probs.
     """
     _reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
-    return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config)
+    return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config, deterministic)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -84,7 +94,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     if qkv.dim() != 5 or qkv.size(2) != 3:
         raise ValueError(f"flashop: qkv must have shape (batch, seqlen, 3, nheads, headdim), got {list(qkv.shape)}")
     q, k, v = qkv.unbind(2)
-    return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config)
+    return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config, deterministic)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -94,7 +104,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     if kv.dim() != 5 or kv.size(2) != 2:
         raise ValueError(f"flashop: kv must have shape (batch, seqlen_k, 2, nheads_k, headdim), got {list(kv.shape)}")
     k, v = kv.unbind(2)
-    return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config)
+    return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config, deterministic)
 
 
 # ---------------------------------------------------------------- torch.nn.functional-style API

@@ -80,7 +80,7 @@ def _time_candidates(problem, batch, heads, pool, index):
     for config in pool:
         def run(name=config.name):
             torch.ops.flashop.forward(q, k, v, None, problem.causal, name)
-        times[config.name] = triton.testing.do_bench(run, warmup=10, rep=40, return_mode="median")
+        times[config.name] = triton.testing.do_bench(run, warmup=10, rep=100, return_mode="median")
     return times
 
 

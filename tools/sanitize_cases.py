@@ -36,8 +36,27 @@ def main(patterns):
                 if not err < 2e-2:
                     failures += 1
                     print(f"FAIL {name} {(b, sq, sk, hq, hk)} causal={causal}: max error {err:.3e}")
+    # Backward: each matching backward config (names bwd.<dtype>.d<D>...), gradients against the CPU kernels.
+    bwd_names = [n for n in flashop.dispatch.built_configs("backward")
+                 if any(fnmatch.fnmatch(n.removeprefix("bwd."), p) for p in patterns)]
+    for name in bwd_names:
+        dtype_code, headdim = flashop.dispatch.dtype_and_headdim(name)
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_code]
+        for b, sq, sk, hq, hk in SHAPES:
+            for causal, deterministic in ((False, False), (True, True)):
+                q = torch.randn(b, sq, hq, headdim, device="cuda", dtype=dtype)
+                k, v = (torch.randn(b, sk, hk, headdim, device="cuda", dtype=dtype) for _ in range(2))
+                out, lse = torch.ops.flashop.forward(q, k, v, None, causal)
+                dout = torch.randn_like(out)
+                grads = torch.ops.flashop.backward(dout, q, k, v, out, lse, None, causal, name, deterministic)
+                cpu = [t.cpu().float() for t in (dout, q, k, v, out)]
+                ref = torch.ops.flashop.backward(*cpu, lse.cpu(), None, causal)
+                err = max((g.cpu().float() - r).abs().max().item() for g, r in zip(grads, ref))
+                if not err < 5e-2:
+                    failures += 1
+                    print(f"FAIL {name} {(b, sq, sk, hq, hk)} causal={causal}: max grad error {err:.3e}")
     torch.cuda.synchronize()
-    print(f"sanitize cases done: {len(names)} configs, {failures} failures")
+    print(f"sanitize cases done: {len(names)} forward and {len(bwd_names)} backward configs, {failures} failures")
     sys.exit(1 if failures else 0)
 
 

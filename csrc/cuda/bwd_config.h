@@ -1,0 +1,153 @@
+// The backward kernel configuration: a compile-time struct (BwdConfig) that the
+// kernels turn into constants, and its short string form
+//   "bwd.<dtype>.d<D>.bc<B_c>.br<B_r>.w<warps>[.<flag>...]", e.g. "bwd.bf16.d128.bc128.br64.w8".
+// B_c (block_n) is the number of key/value rows a thread block owns for the
+// whole kernel; B_r (block_m) is the number of query rows per step of its loop.
+// Plain C++17: no torch, no CUDA headers. DType comes from the forward's
+// kernel_config.h so both directions name dtypes the same way.
+//
+// Warp layout (derived, not configured):
+//   Each warp owns kKeysPerWarp key rows (16, or 32 with the "k32" flag) of
+//   S^T = K Q^T, dP^T = V dO^T, dV and dK. kWarpsN = B_c / kKeysPerWarp warps
+//   cover the key tile; the kWarpsD = warps / kWarpsN warps that share a key
+//   slice split the queries of S^T/dP^T and the head dimension of dK/dV,
+//   interleaved in 16-column pairs (warp wd takes pairs wd, wd + kWarpsD, ...,
+//   which keeps the swizzled addressing to one base register per operand).
+//   kWarpsD == 1: P^T and dS^T go from the S^T accumulators straight into the
+//   A operand of dV += P^T dO and dK += dS^T Q (no shared-memory round trip).
+//   kWarpsD > 1: P^T and dS^T are staged in shared memory (as FlashAttention-2
+//   does for every head dimension) because each warp needs all queries.
+//   dQ = dS K is always computed from dS^T in shared memory, by a second warp
+//   grid over (B_r, D) chosen to make the per-warp tile as square as possible.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "kernel_config.h"  // DType, dtype_name
+
+namespace flashop {
+
+enum BwdFlag : unsigned {
+  // k32: each warp owns 32 key rows (two m16 tiles) instead of 16. Halves the
+  // shared-memory traffic per mma of S^T/dP^T (FlashAttention-2's 32x32 warp
+  // tiles) at the price of staging P^T/dS^T in shared memory when warps must
+  // split the queries.
+  kBwdFlagKeys32 = 1u << 0,
+  // q1: one Q/dO buffer instead of two. The loads of query tile i+1 start once
+  // tile i's last read of Q/dO is done and run under the dQ product and its
+  // atomics. Saves M*D*4 bytes of shared memory (d256 on sm80's 163 KB).
+  kBwdFlagSingleBuffer = 1u << 1,
+};
+
+struct BwdFlagName {
+  unsigned bit;
+  const char* name;
+};
+inline constexpr BwdFlagName kBwdFlagNames[] = {
+    {kBwdFlagKeys32, "k32"},
+    {kBwdFlagSingleBuffer, "q1"},
+};
+
+// Shared-memory footprint; one formula for the compile-time struct and the
+// run-time description (the registry and the generator check they agree).
+inline constexpr std::size_t bwd_smem_bytes_for(int headdim, int block_n, int block_m, int warps,
+                                                unsigned flags) {
+  const int keys_per_warp = (flags & kBwdFlagKeys32) ? 32 : 16;
+  const int warps_n = block_n / keys_per_warp;
+  const int warps_d = warps_n > 0 ? warps / warps_n : 1;
+  const int stages = (flags & kBwdFlagSingleBuffer) ? 1 : 2;
+  return std::size_t(2) * headdim * block_n * 2                 // K, V tiles (resident)
+         + std::size_t(stages) * 2 * headdim * block_m * 2      // Q, dO tiles per stage
+         + std::size_t(2) * block_n * block_m                   // dS^T
+         + (warps_d > 1 ? std::size_t(2) * block_n * block_m : 0)  // P^T (split warps only)
+         + std::size_t(stages) * 2 * block_m * 4;               // lse*log2e and D per stage
+}
+
+template <DType kDType_, int kHeadDim_, int kBlockN_, int kBlockM_, int kWarps_, unsigned kFlags_ = 0>
+struct BwdConfig {
+  static constexpr DType kDType = kDType_;
+  static constexpr int kHeadDim = kHeadDim_;  // D: 32, 64, 96, 128, 192 or 256
+  static constexpr int kBlockN = kBlockN_;    // B_c: key rows per thread block
+  static constexpr int kBlockM = kBlockM_;    // B_r: query rows per loop step
+  static constexpr int kWarps = kWarps_;
+  static constexpr unsigned kFlags = kFlags_;
+
+  static constexpr bool kKeys32 = (kFlags & kBwdFlagKeys32) != 0;
+  static constexpr bool kDoubleBuffer = (kFlags & kBwdFlagSingleBuffer) == 0;
+  static constexpr int kStages = kDoubleBuffer ? 2 : 1;
+  static constexpr int kThreads = 32 * kWarps;
+
+  // S^T / dP^T / dK / dV warp grid.
+  static constexpr int kKeysPerWarp = kKeys32 ? 32 : 16;
+  static constexpr int kKeyTiles = kKeysPerWarp / 16;      // m16 tiles per warp
+  static constexpr int kWarpsN = kBlockN / kKeysPerWarp;
+  static constexpr int kWarpsD = kWarps / kWarpsN;
+  static constexpr bool kStagePT = kWarpsD > 1;            // P^T through shared memory
+  static constexpr int kQueriesPerWarp = kBlockM / kWarpsD;  // columns of the warp's S^T tile
+  static constexpr int kDimsPerWarp = kHeadDim / kWarpsD;    // columns of the warp's dK/dV tile
+
+  // dQ = dS K warp grid: kWarpsMdQ x kWarpsDdQ warps over (B_r, D). Pick the
+  // split whose warp tile has the smallest perimeter (fewest ldmatrix bytes per
+  // mma); each side must be a multiple of 16 (m16 rows, pairs of n8 columns).
+  static constexpr int pick_warps_m_dq() {
+    int best = 0, best_cost = 1 << 30;
+    for (int wm = 1; wm <= kWarps; wm *= 2) {
+      const int wd = kWarps / wm;
+      if (wm * wd != kWarps || kBlockM % (16 * wm) != 0 || kHeadDim % (16 * wd) != 0) continue;
+      const int cost = kBlockM / wm + kHeadDim / wd;
+      if (cost < best_cost) best = wm, best_cost = cost;
+    }
+    return best;
+  }
+  static constexpr int kWarpsMdQ = pick_warps_m_dq();
+  static constexpr int kWarpsDdQ = kWarpsMdQ > 0 ? kWarps / kWarpsMdQ : 1;
+  static constexpr int kRowsPerWarpdQ = kWarpsMdQ > 0 ? kBlockM / kWarpsMdQ : 16;
+  static constexpr int kColsPerWarpdQ = kHeadDim / kWarpsDdQ;
+
+  static constexpr std::size_t kSmemBytes = bwd_smem_bytes_for(kHeadDim, kBlockN, kBlockM, kWarps, kFlags);
+
+  static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 ||
+                    kHeadDim == 192 || kHeadDim == 256,
+                "unsupported head dimension");
+  static_assert(kWarps == 2 || kWarps == 4 || kWarps == 8, "warps: 2, 4 or 8");
+  static_assert(kBlockM == 32 || kBlockM == 64 || kBlockM == 128,
+                "B_r: 32, 64 or 128 (must divide 128: the lse/D workspaces are padded to 128 rows)");
+  static_assert(kBlockN % kKeysPerWarp == 0 && kWarpsN >= 1 && kWarpsN * kWarpsD == kWarps,
+                "B_c / keys-per-warp must divide the warp count");
+  static_assert(kWarpsD == 1 || kWarpsD == 2 || kWarpsD == 4, "warps sharing a key slice: 1, 2 or 4");
+  static_assert(kQueriesPerWarp % 16 == 0, "each warp's S^T tile needs a multiple of 16 queries");
+  static_assert(kDimsPerWarp % 16 == 0, "each warp's dK/dV tile needs a multiple of 16 head dims");
+  static_assert(kWarpsMdQ > 0, "no warp grid for dQ = dS K fits (B_r, D)");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory beyond any sm80+ device");
+};
+
+// The same configuration as run-time values (registry entries, error messages).
+struct BwdConfigDesc {
+  DType dtype;
+  int headdim;
+  int block_n;
+  int block_m;
+  int warps;
+  unsigned flags;
+};
+
+inline std::string bwd_config_name(const BwdConfigDesc& c) {
+  std::string s = "bwd.";
+  s += dtype_name(c.dtype);
+  s += ".d" + std::to_string(c.headdim) + ".bc" + std::to_string(c.block_n) + ".br" +
+       std::to_string(c.block_m) + ".w" + std::to_string(c.warps);
+  for (const BwdFlagName& f : kBwdFlagNames) {
+    if (c.flags & f.bit) {
+      s += '.';
+      s += f.name;
+    }
+  }
+  return s;
+}
+
+inline constexpr std::size_t bwd_smem_bytes(const BwdConfigDesc& c) {
+  return bwd_smem_bytes_for(c.headdim, c.block_n, c.block_m, c.warps, c.flags);
+}
+
+}  // namespace flashop

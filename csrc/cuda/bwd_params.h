@@ -1,0 +1,93 @@
+// Arguments of the backward kernels: plain data, no torch, no CUDA headers.
+// The glue (backward_cuda.cpp) fills it from validated tensors and allocates
+// the workspaces whose sizes bwd_workspace_sizes() gives; every kernel config
+// reads the same struct.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace flashop {
+
+// Query rows of every per-(batch, head) workspace row block are padded to a
+// multiple of this, so a query tile (B_r divides 128) never reads past the end.
+constexpr int kBwdSeqQPad = 128;
+
+inline constexpr int bwd_round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+struct BwdParams {
+  // Inputs, fp16 or bf16, last dimension contiguous; base pointers 16-byte
+  // aligned and every stride a multiple of 8 elements (the glue copies
+  // otherwise), so each 8-element chunk of a row moves as one 16-byte access.
+  const void* q;     // (B, Sq, Hq, D)
+  const void* k;     // (B, Sk, Hk, D)
+  const void* v;     // (B, Sk, Hk, D)
+  const void* out;   // (B, Sq, Hq, D)
+  const void* dout;  // (B, Sq, Hq, D)
+  const float* lse;  // (B, Hq, Sq) float32, natural log, row (query) stride 1
+
+  // Outputs, same dtype, same layout rules as the inputs.
+  void* dq;  // (B, Sq, Hq, D)
+  void* dk;  // (B, Sk, Hk, D)
+  void* dv;  // (B, Sk, Hk, D)
+
+  // Workspaces (fp32/int32, contiguous, written by the kernels before use; no
+  // memset needed). Rows of each (batch, q_head) padded to seqlen_q_rounded.
+  float* dq_accum;  // [B][Hq][seqlen_q_rounded][D]: sum over key tiles of dS K (unscaled)
+  float* dsum;      // [B][Hq][seqlen_q_rounded]: D_i = rowsum(dO_i * O_i); 0 on padding rows
+  float* lse_log2;  // [B][Hq][seqlen_q_rounded]: lse * log2(e); +inf where lse = -inf and on padding
+  int* dq_semaphore;  // [B][Hq][num_m_blocks]: deterministic mode only (else may be null)
+
+  // Strides in elements.
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t do_batch_stride, do_row_stride, do_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+  int64_t lse_batch_stride, lse_head_stride;
+
+  int batch;
+  int seqlen_q;          // >= 1
+  int seqlen_k;          // >= 1
+  int seqlen_q_rounded;  // bwd_round_up(seqlen_q, kBwdSeqQPad)
+  int heads_q;
+  int heads_k;
+  int head_ratio;  // heads_q / heads_k: kv_head = q_head / head_ratio (GQA/MQA)
+  int headdim;     // must equal the kernel's compile-time head dimension
+  int num_m_blocks;  // ceil(seqlen_q / B_r) of the launched config (semaphore row length)
+
+  float scale;       // softmax_scale (any sign)
+  float scale_log2;  // softmax_scale * log2(e)
+  bool causal;       // bottom-right aligned: query i sees key j iff j <= i + Sk - Sq
+  // Bit-identical dQ run to run: key tiles add their dQ contributions to a
+  // query tile in key-tile order, serialised by dq_semaphore (see bwd_kernel.cuh).
+  bool deterministic;
+};
+
+// Element counts of the workspaces for a problem and a config's B_r.
+struct BwdWorkspaceSizes {
+  std::size_t dq_accum;      // floats
+  std::size_t dsum;          // floats
+  std::size_t lse_log2;      // floats
+  std::size_t dq_semaphore;  // ints (0 unless deterministic)
+  int seqlen_q_rounded;
+  int num_m_blocks;
+};
+
+inline BwdWorkspaceSizes bwd_workspace_sizes(int batch, int heads_q, int seqlen_q, int headdim,
+                                             int block_m, bool deterministic) {
+  BwdWorkspaceSizes w{};
+  w.seqlen_q_rounded = bwd_round_up(seqlen_q, kBwdSeqQPad);
+  w.num_m_blocks = (seqlen_q + block_m - 1) / block_m;
+  const std::size_t rows = std::size_t(batch) * heads_q * w.seqlen_q_rounded;
+  w.dq_accum = rows * headdim;
+  w.dsum = rows;
+  w.lse_log2 = rows;
+  w.dq_semaphore = deterministic ? std::size_t(batch) * heads_q * w.num_m_blocks : 0;
+  return w;
+}
+
+}  // namespace flashop

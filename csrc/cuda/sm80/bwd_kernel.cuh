@@ -1,0 +1,659 @@
+// FlashAttention-2 backward on the mma.sync path (sm80 and newer).
+//
+// Three kernels per call, on one stream:
+//   1. bwd_preprocess_kernel: D_i = rowsum(dO_i * O_i) (fp32), lse_i * log2(e)
+//      (+inf for rows that saw no key, so their P is exactly 0), zeroes the
+//      fp32 dQ accumulator and, in deterministic mode, the semaphores.
+//   2. bwd_main_kernel: one thread block per (key tile of B_c rows, kv head,
+//      batch). K_j, V_j are loaded to shared memory once; the block walks every
+//      query tile i of every query head of its GQA group that can see the key
+//      tile, recomputes P, and accumulates dV_j += P^T dO_i, dK_j += dS^T Q_i
+//      in registers (fp32) for the whole walk; dQ_i += dS K_j is added to the
+//      fp32 accumulator with red.global.add. dK/dV of a kv head are therefore
+//      summed over its query heads without atomics, deterministically.
+//   3. bwd_convert_dq_kernel: dq = softmax_scale * dQ accumulator, in dtype.
+//
+// Per query tile (S^T etc. are B_c x B_r; every warp owns a key slice, see
+// bwd_config.h for the warp grid):
+//   S^T  = K Q^T                       (mma, fp32)
+//   P^T  = exp2(S^T * scale*log2e - lse_i*log2e), masked (keys >= Sk, causal)
+//   dV  += P^T dO                      (P^T re-packed to 16 bit: from registers,
+//                                       or through shared memory when the warps
+//                                       sharing a key slice split the queries)
+//   dP^T = V dO^T
+//   dS^T = P^T * (dP^T - D_i)          -> shared memory (16 bit)
+//   dK  += dS^T Q                      (scale applied once, at the end)
+//   dQ_i = dS K                        -> red.global.add.f32 into dq_accum
+// Two barriers per query tile (three when P^T is staged with one Q/dO buffer);
+// Q_i+1/dO_i+1 stream in with cp.async under tile i.
+// Query rows past Sq load as zeros and their lse*log2e is +inf (padding of
+// the workspace), so their P is 0 and they contribute nothing: only keys need
+// an explicit tail mask.
+//
+// Deterministic mode: every key tile that visits query tile (head h, i) adds
+// its dQ contribution in key-tile order. Tile n waits until
+// dq_semaphore[b][h][i] == n, adds, then increments it. The key tiles that see
+// a query tile are always a prefix 0..n_max of the key tiles (causal or not),
+// so the count is exactly the number of earlier contributors. Memory: one int
+// per (batch, q head, query tile), O(Sq). Progress relies on blocks of one
+// (batch, kv head) being dispatched in blockIdx.x order (key tile 0 first), as
+// the hardware does: a waiting block only ever waits on lower-numbered blocks
+// that are running or done. Query tiles are walked from the last one down:
+// every key tile starts on the last query tile, which is also the first step
+// of the key tile before it, so (causal or not) a key tile trails the previous
+// one by about one step instead of waiting for it to sweep the diagonal.
+//
+// Without a GPU: defining FLASHOP_BWD_EMULATE compiles these kernels as host
+// code on a CPU emulator of the instructions they use (bwd_emulate.cuh).
+
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "../bwd_config.h"
+#include "../bwd_params.h"
+#include "bwd_ptx.cuh"
+#include "bwd_tiles.cuh"
+
+#ifndef FLASHOP_BWD_EMULATE
+#include <cuda_runtime.h>
+#endif
+
+namespace flashop {
+namespace sm80 {
+namespace bwd {
+
+template <DType>
+struct ElemOf;
+template <>
+struct ElemOf<DType::kFp16> {
+  using type = __half;
+};
+template <>
+struct ElemOf<DType::kBf16> {
+  using type = __nv_bfloat16;
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kAuxThreads = 256;  // preprocess and convert kernels
+
+// Preprocess: a group of kLanes threads (power of two, <= 32, so a group never
+// straddles a warp) reduces one row of D/8 16-byte chunks.
+template <int D>
+struct RowGroup {
+  static constexpr int kChunks = D / 8;
+  static constexpr int kLanes = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+  static constexpr int kRowsPerBlock = kAuxThreads / kLanes;
+  static_assert(kBwdSeqQPad % kRowsPerBlock == 0, "preprocess blocks must tile the padded rows");
+};
+
+// Shared-memory map of the main kernel (byte offsets, all 128-byte aligned).
+template <class Cfg>
+struct BwdSmem {
+  using KVTile = SmemTile<Cfg::kBlockN, Cfg::kHeadDim>;  // K, V: [key][d]
+  using QTile = SmemTile<Cfg::kBlockM, Cfg::kHeadDim>;   // Q, dO: [query][d]
+  using STile = SmemTile<Cfg::kBlockN, Cfg::kBlockM>;    // dS^T, P^T: [key][query]
+  static constexpr uint32_t kK = 0;
+  static constexpr uint32_t kV = kK + KVTile::kBytes;
+  static constexpr uint32_t kQ = kV + KVTile::kBytes;
+  static constexpr uint32_t kDO = kQ + Cfg::kStages * QTile::kBytes;
+  static constexpr uint32_t kDS = kDO + Cfg::kStages * QTile::kBytes;
+  static constexpr uint32_t kPT = kDS + STile::kBytes;
+  static constexpr uint32_t kLse = kPT + (Cfg::kStagePT ? STile::kBytes : 0);
+  static constexpr uint32_t kDsum = kLse + Cfg::kStages * Cfg::kBlockM * 4;
+  static constexpr uint32_t kBytes = kDsum + Cfg::kStages * Cfg::kBlockM * 4;
+  static_assert(kBytes == Cfg::kSmemBytes, "bwd_smem_bytes_for() and the kernel's map disagree");
+};
+
+// ---------------------------------------------------------------------------
+// Warp-level products. Accumulators c[i][j] are m16n8 tiles; "KT"/"MT" count
+// m16 row tiles, "NT"/"NQ"/"ND" n8 column tiles. Operands are addressed from
+// lane bases (bwd_tiles.cuh); the n8 tiles of a warp come in pairs, pair np at
+// a compile-time row/chunk step from the base (warps interleave: pair np of
+// warp w covers columns 16*(w + warps*np), so the warp's own part stays in
+// the base register and np only adds disjoint bits).
+
+// c += A B^T, k over K. A: KT m16 tiles from a_base (tile [row][k], "a"
+// pattern, rows +16 per tile). B^T: n-tile pairs from b_base (tile [n][k],
+// "b" pattern, rows +kBRowStep per pair). S^T = K Q^T and dP^T = V dO^T.
+template <int KT, int NT, int K, int kBRowStep, class TileA, class TileB, typename Elem>
+FLASHOP_BWD_DEV void gemm_nt(float (&c)[KT][NT][4], uint32_t a_base, uint32_t b_base) {
+  static_assert(NT % 2 == 0, "n8 tiles come in pairs");
+#pragma unroll
+  for (int kc = 0; kc < K / 16; ++kc) {
+    uint32_t a[KT][4];
+#pragma unroll
+    for (int mt = 0; mt < KT; ++mt) ldmatrix_x4(a[mt], TileA::at(a_base, 16 * mt, 2 * kc));
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4(b, TileB::at(b_base, kBRowStep * np, 2 * kc));
+#pragma unroll
+      for (int mt = 0; mt < KT; ++mt) {
+        mma_16816<Elem>(c[mt][2 * np], a[mt], b[0], b[1]);
+        mma_16816<Elem>(c[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// c += A B with A in registers: the fp32 accumulators of a product whose
+// columns are this product's k (P^T or dS^T over all B_r queries, in order),
+// re-packed to 16 bit. An m16n8 accumulator pair (columns 16kq..16kq+15) is
+// exactly one m16k16 A fragment: a0 = tile 2kq rows g, a1 = tile 2kq rows g+8,
+// a2/a3 = tile 2kq+1. B: n-tile pairs from b_base (tile [k][n], "a" pattern,
+// .trans), chunks +kBChunkStep per pair.
+template <int KT, int NQ, int ND, int kBChunkStep, class TileB, typename Elem>
+FLASHOP_BWD_DEV void gemm_rb(float (&c)[KT][ND][4], const float (&a)[KT][NQ][4], uint32_t b_base) {
+  static_assert(NQ % 2 == 0 && ND % 2 == 0, "n8 tiles come in pairs");
+#pragma unroll
+  for (int kq = 0; kq < NQ / 2; ++kq) {
+    uint32_t af[KT][4];
+#pragma unroll
+    for (int mt = 0; mt < KT; ++mt) {
+      af[mt][0] = pack2<Elem>(a[mt][2 * kq][0], a[mt][2 * kq][1]);
+      af[mt][1] = pack2<Elem>(a[mt][2 * kq][2], a[mt][2 * kq][3]);
+      af[mt][2] = pack2<Elem>(a[mt][2 * kq + 1][0], a[mt][2 * kq + 1][1]);
+      af[mt][3] = pack2<Elem>(a[mt][2 * kq + 1][2], a[mt][2 * kq + 1][3]);
+    }
+#pragma unroll
+    for (int np = 0; np < ND / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, TileB::at(b_base, 16 * kq, kBChunkStep * np));
+#pragma unroll
+      for (int mt = 0; mt < KT; ++mt) {
+        mma_16816<Elem>(c[mt][2 * np], af[mt], b[0], b[1]);
+        mma_16816<Elem>(c[mt][2 * np + 1], af[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// c += A B, k over K. A: KT m16 tiles from a_base (tile [row][k], "a"
+// pattern, plain). B: n-tile pairs from b_base (tile [k][n], "a" pattern,
+// .trans), chunks +kBChunkStep per pair. dV += P^T dO and dK += dS^T Q when
+// P^T/dS^T are staged in shared memory.
+template <int KT, int K, int ND, int kBChunkStep, class TileA, class TileB, typename Elem>
+FLASHOP_BWD_DEV void gemm_sb(float (&c)[KT][ND][4], uint32_t a_base, uint32_t b_base) {
+#pragma unroll
+  for (int kc = 0; kc < K / 16; ++kc) {
+    uint32_t a[KT][4];
+#pragma unroll
+    for (int mt = 0; mt < KT; ++mt) ldmatrix_x4(a[mt], TileA::at(a_base, 16 * mt, 2 * kc));
+#pragma unroll
+    for (int np = 0; np < ND / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, TileB::at(b_base, 16 * kc, kBChunkStep * np));
+#pragma unroll
+      for (int mt = 0; mt < KT; ++mt) {
+        mma_16816<Elem>(c[mt][2 * np], a[mt], b[0], b[1]);
+        mma_16816<Elem>(c[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// c += A B, k over K rows. A: the transpose of a tile stored [k][m] ("b"
+// pattern, .trans), m16 tile mt at chunk +kAChunkStep*mt. B: n-tile pairs
+// from a tile stored [k][n] ("a" pattern, .trans), chunk +kBChunkStep per
+// pair. dQ = dS K from dS^T and K.
+template <int MT, int NT, int K, int kAChunkStep, int kBChunkStep, class TileA, class TileB, typename Elem>
+FLASHOP_BWD_DEV void gemm_tb(float (&c)[MT][NT][4], uint32_t a_base, uint32_t b_base) {
+#pragma unroll
+  for (int kc = 0; kc < K / 16; ++kc) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4_trans(a[mt], TileA::at(a_base, 16 * kc, kAChunkStep * mt));
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, TileB::at(b_base, 16 * kc, kBChunkStep * np));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816<Elem>(c[mt][2 * np], a[mt], b[0], b[1]);
+        mma_16816<Elem>(c[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <int A, int B, int C>
+FLASHOP_BWD_DEV void zero(float (&x)[A][B][C]) {
+#pragma unroll
+  for (int i = 0; i < A; ++i)
+#pragma unroll
+    for (int j = 0; j < B; ++j)
+#pragma unroll
+      for (int k = 0; k < C; ++k) x[i][j][k] = 0.f;
+}
+
+// ---------------------------------------------------------------------------
+// 1. Preprocess. Grid (seqlen_q_rounded / rows per block, heads_q, batch).
+template <class Cfg>
+FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_preprocess_kernel(const BwdParams p) {
+  using Elem = typename ElemOf<Cfg::kDType>::type;
+  constexpr int D = Cfg::kHeadDim;
+  using G = RowGroup<D>;
+  const int tid = thread_x();
+  const int r = tid / G::kLanes, c = tid % G::kLanes;
+  const int row = block_x() * G::kRowsPerBlock + r;
+  const int hq = block_y(), b = block_z();
+
+  float sum = 0.f;
+  if (row < p.seqlen_q && c < G::kChunks) {
+    const Elem* o = static_cast<const Elem*>(p.out) + b * p.o_batch_stride + int64_t(row) * p.o_row_stride +
+                    hq * p.o_head_stride + c * 8;
+    const Elem* d = static_cast<const Elem*>(p.dout) + b * p.do_batch_stride + int64_t(row) * p.do_row_stride +
+                    hq * p.do_head_stride + c * 8;
+    const uint4 ov = *reinterpret_cast<const uint4*>(o);
+    const uint4 dv = *reinterpret_cast<const uint4*>(d);
+    const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w};
+    const uint32_t dw[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 a = unpack2<Elem>(ow[i]), e = unpack2<Elem>(dw[i]);
+      sum += a.x * e.x + a.y * e.y;
+    }
+  }
+#pragma unroll
+  for (int off = G::kLanes / 2; off > 0; off >>= 1) sum += shfl_xor(sum, off);
+
+  const int64_t row_base = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded;
+  if (c == 0) {  // row < seqlen_q_rounded: the grid tiles the padded rows exactly
+    const bool in = row < p.seqlen_q;
+    p.dsum[row_base + row] = in ? sum : 0.f;
+    const float l = in ? p.lse[b * p.lse_batch_stride + hq * p.lse_head_stride + row] : -INFINITY;
+    // A row that saw no key has lse = -inf; +inf here makes its P = exp2(x - inf) = 0.
+    p.lse_log2[row_base + row] = (l == -INFINITY) ? INFINITY : l * kLog2e;
+  }
+
+  // Zero this block's rows of the dQ accumulator (the main kernel adds into it).
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + (row_base + int64_t(block_x()) * G::kRowsPerBlock) * D);
+  constexpr int kVecs = G::kRowsPerBlock * D / 4;
+  const float4 z = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+  for (int i = tid; i < kVecs; i += kAuxThreads) acc[i] = z;
+
+  if (p.deterministic && block_x() == 0) {
+    int* sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * p.num_m_blocks;
+    for (int i = tid; i < p.num_m_blocks; i += kAuxThreads) sem[i] = 0;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 2. Main kernel. Grid (ceil(Sk / B_c), heads_k, batch); key tile fastest.
+template <class Cfg>
+FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_kernel(const BwdParams p) {
+  using Elem = typename ElemOf<Cfg::kDType>::type;
+  using L = BwdSmem<Cfg>;
+  using KVTile = typename L::KVTile;
+  using QTile = typename L::QTile;
+  using STile = typename L::STile;
+  constexpr int N = Cfg::kBlockN, M = Cfg::kBlockM, D = Cfg::kHeadDim, T = Cfg::kThreads;
+  constexpr int WD = Cfg::kWarpsD, WMQ = Cfg::kWarpsMdQ, WDQ = Cfg::kWarpsDdQ;
+  constexpr int KT = Cfg::kKeyTiles;               // m16 key tiles per warp
+  constexpr int NQ = Cfg::kQueriesPerWarp / 8;     // n8 query tiles of the warp's S^T
+  constexpr int ND = Cfg::kDimsPerWarp / 8;        // n8 head-dim tiles of the warp's dK/dV
+  constexpr int MTQ = Cfg::kRowsPerWarpdQ / 16;    // m16 query tiles of the warp's dQ
+  constexpr int NTQ = Cfg::kColsPerWarpdQ / 8;     // n8 head-dim tiles of the warp's dQ
+  static_assert(Cfg::kStagePT || NQ * 8 == M, "unstaged P^T needs each warp to hold all queries");
+  static_assert(2 * (M / 4) <= T, "one 16-byte lse/D chunk per thread");
+  static_assert(L::kK % 128 == 0 && L::kV % 128 == 0 && L::kQ % 128 == 0 && L::kDO % 128 == 0 &&
+                    L::kDS % 128 == 0 && L::kPT % 128 == 0 && L::kLse % 128 == 0 && L::kDsum % 128 == 0,
+                "tiles must start 128-byte aligned (the swizzled addressing XORs bits 4-6)");
+
+  FLASHOP_BWD_DYNAMIC_SMEM(smem);
+  const int tid = thread_x();
+  const int lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;  // mma fragment row group / column pair
+  const int n_block = block_x(), hk = block_y(), b = block_z();
+  const int key0 = n_block * N;
+
+  // Warp roles (bwd_config.h). S^T / dK / dV: warp (wn, wd) owns keys
+  // [key_row0, key_row0 + kKeysPerWarp); with kWarpsD > 1 the n8-tile pairs of
+  // its queries and head dims are interleaved with the other wd: pair np
+  // covers columns 16*(wd + kWarpsD*np) .. +16. dQ: warp (wqm, wqd) owns m16
+  // query tiles 16*(wqm + kWarpsMdQ*mt) and head-dim pairs 16*(wqd + kWarpsDdQ*np).
+  const int wn = WD == 1 ? warp : warp % Cfg::kWarpsN;
+  const int wd = WD == 1 ? 0 : warp / Cfg::kWarpsN;
+  const int wqm = warp % WMQ, wqd = warp / WMQ;
+  const int key_row0 = wn * Cfg::kKeysPerWarp;
+
+  // Query tiles that can see this key tile. Causal: query i sees key j iff
+  // j <= i + diag; the first query that sees key0 is key0 - diag, and later
+  // queries see more, so the visible tiles are [m_first, m_tiles).
+  const int diag = p.seqlen_k - p.seqlen_q;
+  const int m_tiles = (p.seqlen_q + M - 1) / M;
+  int m_first = 0;
+  if (p.causal) {
+    const int i_min = key0 - diag;
+    m_first = i_min <= 0 ? 0 : (i_min >= p.seqlen_q ? m_tiles : i_min / M);
+  }
+  const int per_head = m_tiles - m_first;
+  const int total = per_head * p.head_ratio;  // steps: query heads of the group x visible tiles
+
+  const uint32_t s0 = smem_u32(smem);
+  const uint32_t uK = s0 + L::kK, uV = s0 + L::kV, uQ = s0 + L::kQ, uDO = s0 + L::kDO;
+  const uint32_t uLse = s0 + L::kLse, uDsum = s0 + L::kDsum;
+  constexpr uint32_t kVfromK = L::kV - L::kK, kDOfromQ = L::kDO - L::kQ, kPTfromDS = L::kPT - L::kDS;
+  constexpr uint32_t kDsumFromLse = L::kDsum - L::kLse;
+
+  // Lane bases (bwd_tiles.cuh), one per operand role.
+  const uint32_t baseK_a = lane_base_a<KVTile>(uK, key_row0, 0, lane);      // A of S^T (+V: dP^T)
+  const uint32_t offQ_b = lane_base_b<QTile>(0, 16 * wd, 0, lane);          // B of S^T, dP^T
+  const uint32_t offQ_t = lane_base_a<QTile>(0, 0, 2 * wd, lane);           // B of dV, dK (.trans)
+  const uint32_t baseS_a = lane_base_a<STile>(s0 + L::kDS, key_row0, 0, lane);   // A of staged dV, dK
+  const uint32_t baseS_c = lane_base_c<STile>(s0 + L::kDS, key_row0, 2 * wd, lane);  // dS^T/P^T stores
+  const uint32_t baseS_t = lane_base_b<STile>(s0 + L::kDS, 0, 2 * wqm, lane);   // A of dQ (.trans)
+  const uint32_t baseK_t = lane_base_a<KVTile>(uK, 0, 2 * wqd, lane);          // B of dQ (.trans)
+  const uint32_t offLse = uint32_t(16 * wd + 2 * t) * 4;                     // lse/D of column pair np
+
+  // K_j, V_j: once, for the whole walk.
+  const Elem* gK = static_cast<const Elem*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
+  const Elem* gV = static_cast<const Elem*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
+  load_tile_async<KVTile, T>(uK, gK, p.k_row_stride, key0, p.seqlen_k, tid);
+  load_tile_async<KVTile, T>(uV, gV, p.v_row_stride, key0, p.seqlen_k, tid);
+  cp_async_commit();
+
+  // Steps walk (query head of the group, query tile), tiles from the last one
+  // down: step it+1 of (hq, m) is (hq, m-1), or (hq+1, last tile) after m_first.
+  auto advance = [&](int& hq, int& m) {
+    if (m > m_first) {
+      --m;
+    } else {
+      ++hq;
+      m = m_tiles - 1;
+    }
+  };
+  // Q_i, dO_i (zero rows past Sq) and lse_log2/D of tile (hq, m) into `stage`.
+  const Elem* gQ0 = static_cast<const Elem*>(p.q) + b * p.q_batch_stride;
+  const Elem* gDO0 = static_cast<const Elem*>(p.dout) + b * p.do_batch_stride;
+  auto load_step = [&](int hq, int m, int stage) {
+    const int row0 = m * M;
+    load_tile_async<QTile, T>(uQ + stage * QTile::kBytes, gQ0 + hq * p.q_head_stride, p.q_row_stride, row0,
+                              p.seqlen_q, tid);
+    load_tile_async<QTile, T>(uDO + stage * QTile::kBytes, gDO0 + hq * p.do_head_stride, p.do_row_stride, row0,
+                              p.seqlen_q, tid);
+    // The workspaces are padded to kBwdSeqQPad rows: the whole tile is in bounds.
+    const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + row0;
+    constexpr int kVecs = M / 4;
+    if (tid < kVecs)
+      cp_async_16(uLse + stage * M * 4 + tid * 16, p.lse_log2 + row + tid * 4, true);
+    else if (tid < 2 * kVecs)
+      cp_async_16(uDsum + stage * M * 4 + (tid - kVecs) * 16, p.dsum + row + (tid - kVecs) * 4, true);
+  };
+  int hq = hk * p.head_ratio, m = m_tiles - 1;  // the current step
+  if (total > 0) load_step(hq, m, 0);
+  cp_async_commit();
+
+  float acc_dv[KT][ND][4], acc_dk[KT][ND][4];
+  zero(acc_dv);
+  zero(acc_dk);
+
+  for (int it = 0; it < total; ++it) {
+    const int stage = Cfg::kDoubleBuffer ? (it & 1) : 0;
+    int hq_next = hq, m_next = m;
+    advance(hq_next, m_next);
+    const int q0 = m * M;
+
+    // Tile `it` has landed (this thread's copies); the barrier publishes
+    // everyone's and guarantees all warps are done with step it-1 (its Q/dO
+    // stage, dS^T, P^T), so the other stage and dS^T may be overwritten.
+    cp_async_wait<0>();
+    barrier();
+    if (Cfg::kDoubleBuffer && it + 1 < total) {
+      load_step(hq_next, m_next, stage ^ 1);
+      cp_async_commit();
+    }
+    const uint32_t uQs = uQ + stage * QTile::kBytes;
+    const uint32_t baseQ_b = uQs + offQ_b, baseQ_t = uQs + offQ_t;
+    const uint32_t baseL = uLse + stage * M * 4 + offLse;
+
+    // S^T = K Q^T for the warp's keys x queries.
+    float s[KT][NQ][4];
+    zero(s);
+    gemm_nt<KT, NQ, D, 16 * WD, KVTile, QTile, Elem>(s, baseK_a, baseQ_b);
+
+    // P^T = exp2(S^T * scale*log2e - lse_log2). Element e of accumulator
+    // [mt][nq] is key (row) key_row0 + 16mt + g + 8(e/2), query (column)
+    // 16(wd + WD(nq/2)) + 8(nq%2) + 2t + e%2.
+    const bool need_mask = key0 + N > p.seqlen_k || (p.causal && key0 + N - 1 > q0 + diag);
+#pragma unroll
+    for (int nq = 0; nq < NQ; ++nq) {
+      const int qc_step = 16 * WD * (nq >> 1) + 8 * (nq & 1);
+      const float2 l2 = lds_f32x2(baseL + qc_step * 4);
+#pragma unroll
+      for (int mt = 0; mt < KT; ++mt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[mt][nq][e] = exp2_fast(fmaf(s[mt][nq][e], p.scale_log2, -((e & 1) ? l2.y : l2.x)));
+        if (need_mask) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = key0 + key_row0 + 16 * mt + g + 8 * (e >> 1);
+            const int query = q0 + 16 * wd + 2 * t + qc_step + (e & 1);
+            if (key >= p.seqlen_k || (p.causal && key > query + diag)) s[mt][nq][e] = 0.f;
+          }
+        }
+      }
+    }
+
+    if constexpr (Cfg::kStagePT) {
+#pragma unroll
+      for (int mt = 0; mt < KT; ++mt)
+#pragma unroll
+        for (int nq = 0; nq < NQ; ++nq) {
+          const int chunk_c = 2 * WD * (nq >> 1) + (nq & 1);
+          sts_u32(STile::at(baseS_c, 16 * mt, chunk_c) + kPTfromDS, pack2<Elem>(s[mt][nq][0], s[mt][nq][1]));
+          sts_u32(STile::at(baseS_c, 16 * mt + 8, chunk_c) + kPTfromDS, pack2<Elem>(s[mt][nq][2], s[mt][nq][3]));
+        }
+    } else {
+      // dV += P^T dO, P^T straight from registers.
+      gemm_rb<KT, NQ, ND, 2 * WD, QTile, Elem>(acc_dv, s, baseQ_t + kDOfromQ);
+    }
+
+    // dP^T = V dO^T, then dS^T = P^T * (dP^T - D) in place, and to shared memory.
+    float dp[KT][NQ][4];
+    zero(dp);
+    gemm_nt<KT, NQ, D, 16 * WD, KVTile, QTile, Elem>(dp, baseK_a + kVfromK, baseQ_b + kDOfromQ);
+#pragma unroll
+    for (int nq = 0; nq < NQ; ++nq) {
+      const int qc_step = 16 * WD * (nq >> 1) + 8 * (nq & 1);
+      const float2 dd = lds_f32x2(baseL + kDsumFromLse + qc_step * 4);
+      const int chunk_c = 2 * WD * (nq >> 1) + (nq & 1);
+#pragma unroll
+      for (int mt = 0; mt < KT; ++mt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[mt][nq][e] = s[mt][nq][e] * (dp[mt][nq][e] - ((e & 1) ? dd.y : dd.x));
+        sts_u32(STile::at(baseS_c, 16 * mt, chunk_c), pack2<Elem>(dp[mt][nq][0], dp[mt][nq][1]));
+        sts_u32(STile::at(baseS_c, 16 * mt + 8, chunk_c), pack2<Elem>(dp[mt][nq][2], dp[mt][nq][3]));
+      }
+    }
+
+    if constexpr (!Cfg::kStagePT) {
+      // dK += dS^T Q, dS^T straight from registers.
+      gemm_rb<KT, NQ, ND, 2 * WD, QTile, Elem>(acc_dk, dp, baseQ_t);
+      barrier();  // dS^T complete for dQ; all reads of this Q/dO stage done
+    } else {
+      barrier();  // P^T, dS^T complete
+      gemm_sb<KT, M, ND, 2 * WD, STile, QTile, Elem>(acc_dv, baseS_a + kPTfromDS, baseQ_t + kDOfromQ);
+      gemm_sb<KT, M, ND, 2 * WD, STile, QTile, Elem>(acc_dk, baseS_a, baseQ_t);
+      if (!Cfg::kDoubleBuffer) barrier();  // all reads of the single Q/dO stage done
+    }
+    if (!Cfg::kDoubleBuffer && it + 1 < total) {
+      // Single buffer: the next tile streams in under dQ and its atomics.
+      load_step(hq_next, m_next, 0);
+      cp_async_commit();
+    }
+
+    // dQ_i += dS K_j (unscaled; the convert kernel applies softmax_scale).
+    float dq[MTQ][NTQ][4];
+    zero(dq);
+    gemm_tb<MTQ, NTQ, N, 2 * WMQ, 2 * WDQ, STile, KVTile, Elem>(dq, baseS_t, baseK_t);
+
+    int* sem = nullptr;
+    if (p.deterministic) {
+      sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * p.num_m_blocks + m;
+      if (tid == 0)
+        while (ld_acquire(sem) != n_block) spin_pause();
+      barrier();
+    }
+    // This thread's fragment (row g, columns 2t, 2t+1 of the warp's first
+    // tile); every other fragment is a compile-time offset from it.
+    const int lane_row = 16 * wqm + g;
+    float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0 + lane_row) * D +
+                  (16 * wqd + 2 * t);
+    const int rows_left = p.seqlen_q - q0 - lane_row;  // fragment rows below this are inside Sq
+#pragma unroll
+    for (int mt = 0; mt < MTQ; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row_c = 16 * WMQ * mt + 8 * h;
+        if (row_c < rows_left) {
+#pragma unroll
+          for (int nt = 0; nt < NTQ; ++nt) {
+            const int col_c = 16 * WDQ * (nt >> 1) + 8 * (nt & 1);
+            red_add_f32x2(gacc + row_c * D + col_c, dq[mt][nt][2 * h], dq[mt][nt][2 * h + 1]);
+          }
+        }
+      }
+    if (p.deterministic) {
+      thread_fence();  // this thread's adds are performed before the release below
+      barrier();
+      if (tid == 0) red_release_add(sem, 1);
+    }
+    hq = hq_next;
+    m = m_next;
+  }
+
+  // Epilogue: dK * scale and dV through shared memory (K/V space) for 16-byte
+  // coalesced stores. The barrier retires every read of sK/sV (and the K/V
+  // copies themselves when the walk was empty).
+  cp_async_wait<0>();
+  barrier();
+  const uint32_t baseK_c = lane_base_c<KVTile>(uK, key_row0, 2 * wd, lane);
+#pragma unroll
+  for (int mt = 0; mt < KT; ++mt)
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd) {
+      const int chunk_c = 2 * WD * (nd >> 1) + (nd & 1);
+      const uint32_t a0 = KVTile::at(baseK_c, 16 * mt, chunk_c), a1 = KVTile::at(baseK_c, 16 * mt + 8, chunk_c);
+      sts_u32(a0, pack2<Elem>(acc_dk[mt][nd][0] * p.scale, acc_dk[mt][nd][1] * p.scale));
+      sts_u32(a1, pack2<Elem>(acc_dk[mt][nd][2] * p.scale, acc_dk[mt][nd][3] * p.scale));
+      sts_u32(a0 + kVfromK, pack2<Elem>(acc_dv[mt][nd][0], acc_dv[mt][nd][1]));
+      sts_u32(a1 + kVfromK, pack2<Elem>(acc_dv[mt][nd][2], acc_dv[mt][nd][3]));
+    }
+  barrier();
+  Elem* gdK = static_cast<Elem*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride;
+  Elem* gdV = static_cast<Elem*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride;
+  store_tile<KVTile, T>(uK, gdK, p.dk_row_stride, key0, p.seqlen_k, tid);
+  store_tile<KVTile, T>(uV, gdV, p.dv_row_stride, key0, p.seqlen_k, tid);
+}
+
+// ---------------------------------------------------------------------------
+// 3. dq = scale * dq_accum, in dtype. Grid (ceil(Sq * D/8 / 256), heads_q, batch).
+template <class Cfg>
+FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_convert_dq_kernel(const BwdParams p) {
+  using Elem = typename ElemOf<Cfg::kDType>::type;
+  constexpr int D = Cfg::kHeadDim;
+  constexpr int kCPR = D / 8;
+  const int idx = block_x() * kAuxThreads + thread_x();
+  const int row = idx / kCPR, c = idx % kCPR;
+  const int hq = block_y(), b = block_z();
+  if (row >= p.seqlen_q) return;
+  const float4* src = reinterpret_cast<const float4*>(
+      p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + row) * D + c * 8);
+  const float4 x = src[0], y = src[1];
+  const float s = p.scale;
+  uint4 out;
+  out.x = pack2<Elem>(x.x * s, x.y * s);
+  out.y = pack2<Elem>(x.z * s, x.w * s);
+  out.z = pack2<Elem>(y.x * s, y.y * s);
+  out.w = pack2<Elem>(y.z * s, y.w * s);
+  Elem* dst = static_cast<Elem*>(p.dq) + b * p.dq_batch_stride + int64_t(row) * p.dq_row_stride +
+              hq * p.dq_head_stride + c * 8;
+  *reinterpret_cast<uint4*>(dst) = out;
+}
+
+// ---------------------------------------------------------------------------
+// Launch geometry, shared by the CUDA launcher and the emulator.
+struct BwdGrids {
+  unsigned pre[3], main[3], conv[3];
+};
+
+template <class Cfg>
+inline BwdGrids bwd_grids(const BwdParams& p) {
+  constexpr int D = Cfg::kHeadDim;
+  const unsigned hq = unsigned(p.heads_q), hk = unsigned(p.heads_k), bs = unsigned(p.batch);
+  BwdGrids g{};
+  g.pre[0] = unsigned(p.seqlen_q_rounded / RowGroup<D>::kRowsPerBlock);
+  g.pre[1] = hq;
+  g.pre[2] = bs;
+  g.main[0] = unsigned((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
+  g.main[1] = hk;
+  g.main[2] = bs;
+  g.conv[0] = unsigned((int64_t(p.seqlen_q) * (D / 8) + kAuxThreads - 1) / kAuxThreads);
+  g.conv[1] = hq;
+  g.conv[2] = bs;
+  return g;
+}
+
+// The arguments a kernel of this config can take (the glue checks too).
+template <class Cfg>
+inline bool bwd_params_ok(const BwdParams& p) {
+  return p.headdim == Cfg::kHeadDim && p.seqlen_q >= 1 && p.seqlen_k >= 1 && p.heads_k >= 1 &&
+         p.heads_q == p.heads_k * p.head_ratio &&
+         p.seqlen_q_rounded == bwd_round_up(p.seqlen_q, kBwdSeqQPad) &&
+         (!p.deterministic ||
+          (p.dq_semaphore != nullptr && p.num_m_blocks == (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM));
+}
+
+#ifndef FLASHOP_BWD_EMULATE
+
+template <class Cfg>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  if (!bwd_params_ok<Cfg>(p)) return cudaErrorInvalidValue;
+  const BwdGrids g = bwd_grids<Cfg>(p);
+  bwd_preprocess_kernel<Cfg><<<dim3(g.pre[0], g.pre[1], g.pre[2]), kAuxThreads, 0, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  constexpr std::size_t kSmem = Cfg::kSmemBytes;
+  if (kSmem > 48 * 1024) {
+    err = cudaFuncSetAttribute(bwd_main_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+    if (err != cudaSuccess) return err;
+  }
+  bwd_main_kernel<Cfg><<<dim3(g.main[0], g.main[1], g.main[2]), Cfg::kThreads, kSmem, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  bwd_convert_dq_kernel<Cfg><<<dim3(g.conv[0], g.conv[1], g.conv[2]), kAuxThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+#else  // FLASHOP_BWD_EMULATE: the same three launches on the CPU emulator.
+
+template <class Cfg>
+inline bool emulate_bwd(const BwdParams& p) {
+  if (!bwd_params_ok<Cfg>(p)) return false;
+  const BwdGrids g = bwd_grids<Cfg>(p);
+  auto dims = [](const unsigned (&d)[3]) { return emu::Dim3{d[0], d[1], d[2]}; };
+  emu::launch(dims(g.pre), kAuxThreads, 0, [&] { bwd_preprocess_kernel<Cfg>(p); });
+  emu::launch(dims(g.main), Cfg::kThreads, Cfg::kSmemBytes, [&] { bwd_main_kernel<Cfg>(p); });
+  emu::launch(dims(g.conv), kAuxThreads, 0, [&] { bwd_convert_dq_kernel<Cfg>(p); });
+  return true;
+}
+
+#endif
+
+}  // namespace bwd
+
+// The launcher the registry points at.
+#ifndef FLASHOP_BWD_EMULATE
+template <class Cfg>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  return bwd::launch_bwd<Cfg>(p, stream);
+}
+#endif
+
+}  // namespace sm80
+}  // namespace flashop
