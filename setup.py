@@ -51,8 +51,8 @@ def cpu_isa_flags():
     if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags:
         return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512",
                 "-DCPU_CAPABILITY=AVX512"]
-    if {"avx2", "fma"} <= flags:
-        return ["-mavx2", "-mfma", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
+    if {"avx2", "fma", "f16c"} <= flags:
+        return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
     return []
 
 
@@ -60,7 +60,8 @@ def extension():
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
     sources = ["csrc/flashop.cpp", "csrc/checks.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
-    cxx = ["-O3", "-std=c++17", "-fopenmp"] + cpu_isa_flags()
+    # -Wno-maybe-uninitialized: false positives from ATen's vectorised transposes under -Wall.
+    cxx = ["-O3", "-std=c++17", "-fopenmp", "-Wno-maybe-uninitialized"] + cpu_isa_flags()
     if not want_cuda():
         return CppExtension("flashop._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"])
 

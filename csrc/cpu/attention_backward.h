@@ -1,0 +1,220 @@
+// Backward of the CPU attention kernel (FlashAttention-2): P is recomputed from
+// the saved log-sum-exp, nothing of size seqlen_q x seqlen_k is ever stored.
+//
+//   D_i = rowsum(dO_i * O_i)
+//   per key tile j, query tile i:  S = Q_i K_j^T,  P = exp(scale S - lse),
+//     dV_j += P^T dO_i,  dP = dO_i V_j^T,  dS = scale P (dP - D_i),
+//     dQ_i += dS K_j,  dK_j += dS^T Q_i
+//
+// One task owns a (batch, key/value head) pair and loops over the query heads of
+// its group, so dK/dV of a group are summed without races and without repeating
+// K/V in memory. All products run in fp32 (16-bit inputs are widened tile by tile).
+#pragma once
+
+#include "attention_kernels.h"
+
+#include <utility>
+#include <vector>
+
+namespace flashop::cpu {
+namespace detail {
+
+// rows x cols (leading dimension ld_src) -> cols x rows (ld_dst).
+inline void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
+  at::vec::transpose_mxn<float>(src, ld_src, dst, ld_dst, static_cast<int>(rows), static_cast<int>(cols));
+}
+
+// rows of type T (row stride ld) -> rows x cols fp32, transposed: dst[c * ld_dst + r].
+template <typename T>
+inline void transpose_to_float(const T* src, int64_t ld, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    transpose(src, ld, rows, cols, dst, ld_dst);
+  } else {
+    constexpr int64_t kSub = 16;  // sub-blocks keep the strided side in L1
+    for (int64_t r = 0; r < rows; r += kSub) {
+      const int64_t rn = std::min(kSub, rows - r);
+      for (int64_t c = 0; c < cols; c += kSub) {
+        const int64_t cn = std::min(kSub, cols - c);
+        for (int64_t rr = 0; rr < rn; ++rr) {
+          const T* s = src + (r + rr) * ld + c;
+          for (int64_t cc = 0; cc < cn; ++cc) dst[(c + cc) * ld_dst + r + rr] = static_cast<float>(s[cc]);
+        }
+      }
+    }
+  }
+}
+
+// P row and dS row of one query: p[j] = exp(scale s[j] - lse) for j < n (else 0),
+// ds[j] = scale p[j] (dp[j] - d_i). p overwrites s, ds overwrites dp.
+inline void softmax_grad_row(float* s, float* dp, int64_t n, int64_t len, float scale, float lse, float d_i) {
+  int64_t j = 0;
+#ifdef FLASHOP_CPU_AVX512
+  // Same exponential as the forward, so P matches the saved log-sum-exp.
+  constexpr float kLog2e = 1.4426950408889634f;
+  const __m512 vscale2 = _mm512_set1_ps(scale * kLog2e), vshift = _mm512_set1_ps(-lse * kLog2e);
+  const __m512 vscale = _mm512_set1_ps(scale), vd = _mm512_set1_ps(d_i);
+  for (; j + 16 <= n; j += 16) {
+    const __m512 pv = exp2_avx512(_mm512_fmadd_ps(_mm512_loadu_ps(s + j), vscale2, vshift));
+    _mm512_storeu_ps(s + j, pv);
+    _mm512_storeu_ps(dp + j, _mm512_mul_ps(_mm512_mul_ps(pv, vscale), _mm512_sub_ps(_mm512_loadu_ps(dp + j), vd)));
+  }
+#else
+  const Vec vscale(scale), vlse(-lse), vd(d_i);
+  for (; j + Vec::size() <= n; j += Vec::size()) {
+    const Vec pv = at::vec::fmadd(Vec::loadu(s + j), vscale, vlse).exp_u20();
+    pv.store(s + j);
+    (pv * (Vec::loadu(dp + j) - vd) * vscale).store(dp + j);
+  }
+#endif
+  for (; j < n; ++j) {
+    const float pv = std::exp(s[j] * scale - lse);
+    s[j] = pv;
+    dp[j] = scale * pv * (dp[j] - d_i);
+  }
+  for (; j < len; ++j) s[j] = 0.f, dp[j] = 0.f;
+}
+
+// fp32 operand rows of one head: in place when T is float and the row stride is a
+// valid leading dimension, else widened/copied into `buf` (rows x D).
+template <typename T>
+inline std::pair<const float*, int64_t> float_rows(const T* src, int64_t ld, int64_t rows, int64_t D, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (rows == 1) return {src, D};
+    if (ld >= D) return {src, ld};
+  }
+  for (int64_t r = 0; r < rows; ++r) load_row_to_float(src + r * ld, D, buf + r * D);
+  return {buf, D};
+}
+
+template <typename T>
+void backward_impl(const BackwardParams& p) {
+  using Tiles = BackwardTiles;
+  constexpr int64_t BQ = Tiles::block_q, BK = Tiles::block_k;
+  const int64_t B = p.batch, Sq = p.seqlen_q, Sk = p.seqlen_k, Hq = p.heads_q, Hk = p.heads_k, D = p.headdim;
+  const int64_t G = Hq / Hk;
+  const int64_t offset = Sk - Sq;
+  const float scale = p.softmax_scale;
+  const int64_t n_ktiles = div_up(Sk, BK);
+
+  // A task owns the key tiles of one (batch, kv head) whose index is = c mod n_chunks:
+  // dK/dV need no synchronisation. With fewer (batch, kv head) pairs than threads the
+  // key tiles are split into chunks (interleaved, so causal chunks cost the same),
+  // each with its own fp32 dQ partial sum, reduced afterwards.
+  const int64_t n_chunks =
+      std::clamp<int64_t>(div_up(at::get_num_threads(), B * Hk), 1, std::max<int64_t>(n_ktiles, 1));
+  const int64_t group_size = G * Sq * D;  // fp32 dQ of one (batch, kv head) group
+  AlignedBuffer<float> dq_acc(B * Hk * n_chunks * group_size);
+  const bool widen_q = !std::is_same_v<T, float> || (Sq > 1 && p.q_row_stride < D);
+  const bool widen_do = !std::is_same_v<T, float> || (Sq > 1 && p.dout_row_stride < D);
+
+  at::parallel_for(0, B * Hk * n_chunks, 1, [&](int64_t begin, int64_t end) {
+    // Per-thread scratch: O(G * seqlen_q * headdim) for the query side, O(tile) for the rest.
+    AlignedBuffer<float> q_buf(widen_q ? group_size : 0), do_buf(widen_do ? group_size : 0), d_rows(G * Sq);
+    AlignedBuffer<float> kt(D * BK), vt(D * BK), k_buf(BK * D), dk_acc(BK * D), dv_acc(BK * D);
+    AlignedBuffer<float> s(BQ * BK), dp(BQ * BK), pt(BK * BQ), dst(BK * BQ), o_row(D);
+    std::vector<const float*> q_rows(G), do_rows(G);
+    std::vector<int64_t> ld_q(G), ld_do(G);
+
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t bhk = task / n_chunks, chunk = task % n_chunks;
+      const int64_t b = bhk / Hk, hk = bhk % Hk;
+      float* dq_part = dq_acc.data() + task * group_size;
+      std::fill_n(dq_part, group_size, 0.f);
+
+      // Query side of the group's heads: fp32 rows of Q and dO, D_i = rowsum(dO * O).
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t h = hk * G + g;
+        const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
+        const T* dout = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
+        const T* out = static_cast<const T*>(p.out) + b * p.out_batch_stride + h * p.out_head_stride;
+        auto [qp, lq] = float_rows(q, p.q_row_stride, Sq, D, q_buf.data() + g * Sq * D);
+        auto [dop, ldo] = float_rows(dout, p.dout_row_stride, Sq, D, do_buf.data() + g * Sq * D);
+        q_rows[g] = qp, do_rows[g] = dop, ld_q[g] = lq, ld_do[g] = ldo;
+        for (int64_t i = 0; i < Sq; ++i) {
+          load_row_to_float(out + i * p.out_row_stride, D, o_row.data());
+          const float* dorow = dop + i * ldo;
+          Vec acc(0.f);
+          int64_t d = 0;
+          for (; d + Vec::size() <= D; d += Vec::size()) {
+            acc = at::vec::fmadd(Vec::loadu(dorow + d), Vec::loadu(o_row.data() + d), acc);
+          }
+          float sum = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, acc);
+          for (; d < D; ++d) sum += dorow[d] * o_row.data()[d];
+          d_rows.data()[g * Sq + i] = sum;
+        }
+      }
+
+      const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
+      const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
+      T* dk = static_cast<T*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride;
+      T* dv = static_cast<T*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride;
+
+      for (int64_t kt_idx = chunk; kt_idx < n_ktiles; kt_idx += n_chunks) {
+        const int64_t j0 = kt_idx * BK, L = std::min(BK, Sk - j0);
+        // K_j^T and V_j^T (headdim x L) are the B operands of S and dP; K_j (L x headdim) of dQ.
+        transpose_to_float(k + j0 * p.k_row_stride, p.k_row_stride, L, D, kt.data(), BK);
+        transpose_to_float(v + j0 * p.v_row_stride, p.v_row_stride, L, D, vt.data(), BK);
+        auto [kj, ld_k] = float_rows(k + j0 * p.k_row_stride, p.k_row_stride, L, D, k_buf.data());
+        std::fill_n(dk_acc.data(), L * D, 0.f);
+        std::fill_n(dv_acc.data(), L * D, 0.f);
+
+        // Queries before i_first see none of these keys (causal).
+        const int64_t i_first = p.causal ? std::max<int64_t>(0, j0 - offset) : 0;
+        for (int64_t g = 0; g < G; ++g) {
+          const float* lse = p.softmax_lse + b * p.lse_batch_stride + (hk * G + g) * p.lse_head_stride;
+          const float* drow = d_rows.data() + g * Sq;
+          for (int64_t q0 = (i_first / BQ) * BQ; q0 < Sq; q0 += BQ) {
+            const int64_t M = std::min(BQ, Sq - q0);
+            const float* qi = q_rows[g] + q0 * ld_q[g];
+            const float* doi = do_rows[g] + q0 * ld_do[g];
+            at::native::cpublas::brgemm(M, L, D, ld_q[g], BK, BK, false, qi, kt.data(), s.data());
+            at::native::cpublas::brgemm(M, L, D, ld_do[g], BK, BK, false, doi, vt.data(), dp.data());
+            for (int64_t r = 0; r < M; ++r) {
+              const int64_t i = q0 + r;
+              const int64_t n = visible_keys(p.causal, i, offset, j0, L);
+              // A row that saw no key in the forward has lse = -inf and P = 0.
+              const float lse_i = lse[i * p.lse_row_stride];
+              const bool empty = n == 0 || lse_i == kNegInf;
+              softmax_grad_row(s.data() + r * BK, dp.data() + r * BK, empty ? 0 : n, L, scale, lse_i, drow[i]);
+            }
+            // P^T and dS^T (L x M) are the A operands of dV and dK.
+            transpose(s.data(), BK, M, L, pt.data(), BQ);
+            transpose(dp.data(), BK, M, L, dst.data(), BQ);
+            at::native::cpublas::brgemm(L, D, M, BQ, ld_do[g], D, true, pt.data(), doi, dv_acc.data());
+            at::native::cpublas::brgemm(L, D, M, BQ, ld_q[g], D, true, dst.data(), qi, dk_acc.data());
+            at::native::cpublas::brgemm(M, D, L, BK, ld_k, D, true, dp.data(), kj, dq_part + (g * Sq + q0) * D);
+          }
+        }
+        for (int64_t r = 0; r < L; ++r) {
+          store_scaled_row(dk_acc.data() + r * D, D, 1.f, dk + (j0 + r) * p.dk_row_stride);
+          store_scaled_row(dv_acc.data() + r * D, D, 1.f, dv + (j0 + r) * p.dv_row_stride);
+        }
+      }
+    }
+  });
+
+  // dQ = sum of the chunks' partial sums, in the output dtype.
+  at::parallel_for(0, B * Hq * Sq, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t i = t % Sq, bh = t / Sq, b = bh / Hq, h = bh % Hq, hk = h / G, g = h % G;
+      float* row = dq_acc.data() + ((b * Hk + hk) * n_chunks) * group_size + (g * Sq + i) * D;
+      for (int64_t c = 1; c < n_chunks; ++c) {
+        const float* part = row + c * group_size;
+        for (int64_t d = 0; d < D; ++d) row[d] += part[d];
+      }
+      store_scaled_row(row, D, 1.f, static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
+                                        i * p.dq_row_stride);
+    }
+  });
+}
+
+}  // namespace detail
+
+// dq, dk, dv are written for every element.
+template <typename T>
+void attention_backward(const BackwardParams& p) {
+  if (p.batch == 0 || p.heads_q == 0) return;
+  detail::backward_impl<T>(p);
+}
+
+}  // namespace flashop::cpu
