@@ -43,6 +43,10 @@ __all__ = [
     "KernelConfig",
     "FORWARD_CONFIGS",
     "selected_configs",
+    "BackwardConfig",
+    "BACKWARD_CONFIGS",
+    "parse_backward",
+    "select_backward",
 ]
 
 DTYPES = ("fp16", "bf16")
@@ -313,3 +317,146 @@ def selected_configs(
     chosen.sort(key=lambda c: order.get(c.name, len(order)))
     return chosen
 
+
+# ---------------------------------------------------------------- backward kernels
+#
+# Names: bwd.<dtype>.d<D>.bc<B_c>.br<B_r>.w<warps>[.k32][.q1]; FLASHOP_BWD_KERNELS selects a subset to build.
+
+# Backward flag names in bwd_config.h's order (bit i = BACKWARD_FLAGS[i]).
+BACKWARD_FLAGS = ("k32", "q1")
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    """One backward kernel; field for field the C++ ``BwdConfig`` template (csrc/cuda/bwd_config.h)."""
+
+    dtype: str  # "fp16" | "bf16"
+    headdim: int
+    block_n: int  # B_c: key rows per thread block
+    block_m: int  # B_r: query rows per step
+    warps: int
+    flags: tuple = ()  # subset of BACKWARD_FLAGS, in BACKWARD_FLAGS order
+
+    @property
+    def name(self) -> str:
+        parts = ["bwd", self.dtype, f"d{self.headdim}", f"bc{self.block_n}", f"br{self.block_m}", f"w{self.warps}"]
+        return ".".join(parts + [f for f in BACKWARD_FLAGS if f in self.flags])
+
+    @property
+    def flag_bits(self) -> int:
+        return sum(1 << i for i, f in enumerate(BACKWARD_FLAGS) if f in self.flags)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    # Mirrors BwdConfig's derived constants and bwd_smem_bytes_for().
+    @property
+    def keys_per_warp(self) -> int:
+        return 32 if "k32" in self.flags else 16
+
+    @property
+    def warps_n(self) -> int:
+        return self.block_n // self.keys_per_warp
+
+    @property
+    def warps_d(self) -> int:
+        return self.warps // self.warps_n if self.warps_n else 0
+
+    def smem_bytes(self) -> int:
+        stages = 1 if "q1" in self.flags else 2
+        d, n, m = self.headdim, self.block_n, self.block_m
+        return (2 * d * n * 2 + stages * 2 * d * m * 2 + 2 * n * m
+                + (2 * n * m if self.warps_d > 1 else 0) + stages * 2 * m * 4)
+
+    def validate(self) -> None:
+        """The static_asserts of BwdConfig, so a bad entry fails here, not in nvcc."""
+        bad = []
+        if self.dtype not in DTYPES:
+            bad.append(f"dtype {self.dtype!r}")
+        if self.headdim not in HEADDIMS:
+            bad.append(f"headdim {self.headdim}")
+        if self.warps not in (2, 4, 8):
+            bad.append(f"warps {self.warps}")
+        if self.block_m not in (32, 64, 128):
+            bad.append(f"block_m {self.block_m}")
+        unknown = [f for f in self.flags if f not in BACKWARD_FLAGS]
+        if unknown:
+            bad.append(f"flags {unknown}")
+        if tuple(f for f in BACKWARD_FLAGS if f in self.flags) != tuple(self.flags):
+            bad.append("flags out of order or repeated")
+        wn = self.warps_n
+        if self.block_n % self.keys_per_warp or wn < 1 or self.warps % wn or self.warps_d not in (1, 2, 4):
+            bad.append(f"block_n {self.block_n} / {self.keys_per_warp} keys per warp vs {self.warps} warps")
+        elif (self.block_m // self.warps_d) % 16 or (self.headdim // self.warps_d) % 16:
+            bad.append("warp tiles must be multiples of 16 (queries and head dims per warp)")
+        if not any(self.block_m % (16 * wm) == 0 and self.headdim % (16 * (self.warps // wm)) == 0
+                   for wm in (1, 2, 4, 8) if self.warps % wm == 0):
+            bad.append("no dQ warp grid")
+        if self.smem_bytes() > MAX_SMEM_BYTES:
+            bad.append(f"shared memory {self.smem_bytes()} > {MAX_SMEM_BYTES}")
+        if bad:
+            raise ValueError(f"backward config {self.name}: " + "; ".join(bad))
+
+
+def parse_backward(name: str) -> BackwardConfig:
+    """The inverse of BwdConfig.name."""
+    parts = name.split(".")
+    if len(parts) < 6 or parts[0] != "bwd":
+        raise ValueError(f"backward config {name!r}: expected bwd.<dtype>.d<D>.bc<B_c>.br<B_r>.w<warps>[.flags]")
+    try:
+        cfg = BackwardConfig(parts[1], int(parts[2][1:]), int(parts[3][2:]), int(parts[4][2:]), int(parts[5][1:]),
+                        tuple(parts[6:]))
+    except ValueError:
+        raise ValueError(f"backward config {name!r}: malformed field") from None
+    if cfg.name != name:
+        raise ValueError(f"backward config {name!r}: not in canonical form ({cfg.name})")
+    cfg.validate()
+    return cfg
+
+
+def _bwd_cfg(dtype, d, bc, br, w, *flags):
+    return BackwardConfig(dtype, d, bc, br, w, tuple(flags))
+
+
+# (headdim, block_n, block_m, warps, flags...) built for both dtypes. The first
+# entry of a head dimension is its default (the glue's pick for config=''), the
+# others are alternatives for the policy/autotuner. Shared memory in KiB:
+# sm80 (A100) allows 163, sm90 (H100) 227, sm86/89 99.
+# "k32" rows are FlashAttention-2's warp shapes (32 keys per warp, P^T/dS^T
+# staged in shared memory): ~20% fewer ldmatrix bytes per mma than 16 keys
+# per warp, which keeps P^T/dS^T in registers instead.
+_BACKWARD_SHAPES = [
+    (32, 128, 128, 8, "k32"),         # 114 KiB
+    (32, 128, 64, 8),                 # 50 KiB
+    (64, 128, 128, 8, "k32"),         # 162 KiB
+    (64, 128, 64, 8),                 # 81 KiB (fits sm86/89)
+    (96, 128, 64, 8, "k32"),          # 129 KiB
+    (96, 128, 64, 8),                 # 113 KiB
+    (128, 128, 64, 8, "k32"),         # 161 KiB
+    (128, 128, 64, 8),                # 145 KiB
+    (128, 64, 64, 4),                 # 105 KiB
+    (192, 64, 64, 8, "k32"),          # 161 KiB
+    (192, 64, 64, 8),                 # 161 KiB
+    (256, 64, 64, 8, "k32"),          # 209 KiB (sm90 only)
+    (256, 64, 64, 8, "k32", "q1"),    # 145 KiB (fits sm80)
+    (256, 64, 64, 8),                 # 209 KiB (sm90 only)
+]
+
+BACKWARD_CONFIGS = [_bwd_cfg(dt, *row) for row in _BACKWARD_SHAPES for dt in ("bf16", "fp16")]
+
+
+def _matches_backward(name: str, names_filter) -> bool:
+    if names_filter is None:
+        return True
+    if callable(names_filter):
+        return bool(names_filter(name))
+    if isinstance(names_filter, str):
+        names_filter = [p for p in names_filter.split(",") if p.strip()]
+    return any(fnmatch.fnmatchcase(name, p.strip()) for p in names_filter)
+
+
+def select_backward(names_filter=None, configs=None) -> list:
+    """Configs (default BACKWARD_CONFIGS) whose name matches names_filter: None (all),
+    a comma-separated string or an iterable of fnmatch patterns, or a predicate."""
+    return [c for c in (BACKWARD_CONFIGS if configs is None else configs) if _matches_backward(c.name, names_filter)]

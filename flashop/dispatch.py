@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from .configs import KernelConfig
+from .configs import KernelConfig, parse_backward
 
 CPU_CONFIG = "cpu"
 
@@ -77,10 +77,7 @@ def built_configs(direction: str = "forward") -> list[str]:
 
 def dtype_and_headdim(name: str) -> tuple[str, int]:
     """What a built config name says it takes: forward `bf16.d128...`, backward `bwd.bf16.d128...`."""
-    if name.startswith("bwd."):
-        _, dtype, headdim = name.split(".")[:3]
-        return dtype, int(headdim[1:])
-    config = KernelConfig.parse(name)
+    config = parse_config(name)
     return config.dtype, config.headdim
 
 
@@ -149,14 +146,19 @@ def _shape_of(config: KernelConfig):
     return (config.block_m, config.block_n, config.warps, config.flags)
 
 
-def candidates(device: DeviceInfo, problem: Problem, built: list[str]) -> list[KernelConfig]:
+def parse_config(name: str):
+    """KernelConfig (forward) or BackwardConfig (names starting with `bwd.`)."""
+    return parse_backward(name) if name.startswith("bwd.") else KernelConfig.parse(name)
+
+
+def candidates(device: DeviceInfo, problem: Problem, built: list[str]) -> list:
     """Built configs that run this problem on this device: dtype and headdim match, shared memory fits."""
     out = []
     for name in built:
-        config = KernelConfig.parse(name)
+        config = parse_config(name)
         if (config.dtype == problem.dtype and config.headdim == problem.headdim
                 and config.smem_bytes() <= device.smem_per_block
-                and device.capability[0] * 10 + device.capability[1] >= config.min_sm):
+                and device.capability[0] * 10 + device.capability[1] >= getattr(config, "min_sm", 80)):
             out.append(config)
     return out
 
@@ -174,6 +176,9 @@ def choose_config(device: DeviceInfo, problem: Problem, built: list[str], tuned:
     key = bucket_key(problem)
     if tuned and tuned.get(key) in names:
         return tuned[key], f"tuned cache entry {key}"
+    if problem.direction == "backward":
+        # Backward configs are listed best first per headdim (flashop/configs.py, BACKWARD_CONFIGS).
+        return pool[0].name, "backward default: first listed config that is built and fits"
     order = heuristic_order(problem)
     rank = {shape: i for i, shape in enumerate(order)}
     ranked = sorted(pool, key=lambda c: (rank.get(_shape_of(c), len(order)), -c.block_m, -c.block_n))

@@ -52,9 +52,10 @@ if _C.WITH_CUDA:
     def _backward_cuda(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, config=None,
                        deterministic=False):
         dispatch.check_config(config, q.device, q.dtype, q.size(-1), "backward")
+        if config is None:
+            config = dispatch.config_for(q, k, causal, "backward")
         scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
-        # config "" lets the kernel library take the first built backward config that fits the device.
-        return _C.cuda_backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, config or "")
+        return _C.cuda_backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, config)
 
 
 # ---------------------------------------------------------------- FlashAttention-style API

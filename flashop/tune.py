@@ -37,11 +37,11 @@ def forward_timed(q, k, v, softmax_scale=None, causal=False, config=None, warmup
 
 
 def standard_problems(dtypes=("bf16", "fp16"), headdims=(64, 128, 256), seqlens=(512, 1024, 2048, 4096, 8192, 16384),
-                      causals=(False, True), tokens=32768):
+                      causals=(False, True), tokens=32768, directions=("forward",)):
     """The benchmark's shapes: batch x seqlen = `tokens`, 2048 / headdim heads."""
-    for dtype, d, causal, s in itertools.product(dtypes, headdims, causals, seqlens):
+    for direction, dtype, d, causal, s in itertools.product(directions, dtypes, headdims, causals, seqlens):
         batch, heads = max(1, tokens // s), max(1, 2048 // d)
-        yield Problem(dtype, d, s, s, batch * heads, causal), (batch, heads)
+        yield Problem(dtype, d, s, s, batch * heads, causal, direction), (batch, heads)
 
 
 def tune(problems=None, device=None, write=True, progress=True, quiet=False):
@@ -51,11 +51,10 @@ def tune(problems=None, device=None, write=True, progress=True, quiet=False):
 
     index = torch.cuda.current_device() if device is None else device
     info = DeviceInfo.of(index)
-    built = dispatch.built_configs("forward")
     problems = list(standard_problems() if problems is None else problems)
     results = {}
     for problem, (batch, heads) in tqdm(problems, desc=f"tuning on {info.name}", disable=not progress):
-        pool = dispatch.candidates(info, problem, built)
+        pool = dispatch.candidates(info, problem, dispatch.built_configs(problem.direction))
         if not pool:
             continue
         times = _time_candidates(problem, batch, heads, pool, index)
@@ -76,10 +75,17 @@ def _time_candidates(problem, batch, heads, pool, index):
     dtype = _DTYPES[problem.dtype]
     q = torch.randn(batch, problem.seqlen_q, heads, problem.headdim, device=index, dtype=dtype)
     k, v = (torch.randn(batch, problem.seqlen_k, heads, problem.headdim, device=index, dtype=dtype) for _ in range(2))
+    if problem.direction == "backward":
+        out, lse = torch.ops.flashop.forward(q, k, v, None, problem.causal)
+        dout = torch.randn_like(out)
     times = {}
     for config in pool:
-        def run(name=config.name):
-            torch.ops.flashop.forward(q, k, v, None, problem.causal, name)
+        if problem.direction == "backward":
+            def run(name=config.name):
+                torch.ops.flashop.backward(dout, q, k, v, out, lse, None, problem.causal, name)
+        else:
+            def run(name=config.name):
+                torch.ops.flashop.forward(q, k, v, None, problem.causal, name)
         times[config.name] = triton.testing.do_bench(run, warmup=10, rep=100, return_mode="median")
     return times
 
@@ -92,12 +98,12 @@ def policy_report(problems=None, device=None, progress=True):
 
     index = torch.cuda.current_device() if device is None else device
     info = DeviceInfo.of(index)
-    built = dispatch.built_configs("forward")
     problems = list(standard_problems() if problems is None else problems)
     tune(problems, device=index, write=True, progress=progress, quiet=True)
     tuned = dispatch.read_cache().get(info.name, {})
     rows = []
     for problem, (batch, heads) in tqdm(problems, desc="policy vs best", disable=not progress):
+        built = dispatch.built_configs(problem.direction)
         pool = dispatch.candidates(info, problem, built)
         if not pool:
             continue
@@ -107,11 +113,12 @@ def policy_report(problems=None, device=None, progress=True):
         cached = dispatch.choose_config(info, problem, built, tuned)[0]
         rows.append((problem, best, times[best], heuristic, times[best] / times[heuristic], cached,
                      times[best] / times[cached]))
-    lines = [f"Policy vs best built config on {info.name} (forward; ratio = best time / chosen time)", "",
-             "| dtype | d | causal | seqlen | best | ms | heuristic pick | ratio | cached pick | ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"Policy vs best built config on {info.name} (ratio = best time / chosen time)", "",
+             "| op | dtype | d | causal | seqlen | best | ms | heuristic pick | ratio | cached pick | ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for problem, best, ms, heuristic, h_ratio, cached, c_ratio in rows:
-        lines.append(f"| {problem.dtype} | {problem.headdim} | {problem.causal} | {problem.seqlen_q} | {best} | "
+        lines.append(f"| {problem.direction} | {problem.dtype} | {problem.headdim} | {problem.causal} | "
+                     f"{problem.seqlen_q} | {best} | "
                      f"{ms:.3f} | {heuristic} | {h_ratio:.3f} | {cached} | {c_ratio:.3f} |")
     if rows:
         lines += ["", f"Worst heuristic ratio: {min(r[4] for r in rows):.3f}; worst cached ratio: "
@@ -126,10 +133,11 @@ def main(argv=None):
     p.add_argument("--seqlens", nargs="*", type=int, default=[512, 1024, 2048, 4096, 8192, 16384])
     p.add_argument("--causal", nargs="*", type=lambda s: s.lower() in ("1", "true", "yes"), default=[False, True])
     p.add_argument("--tokens", type=int, default=32768, help="batch x seqlen")
+    p.add_argument("--directions", nargs="*", default=["forward"], choices=["forward", "backward"])
     p.add_argument("--dry-run", action="store_true", help="time, but do not write the cache")
     p.add_argument("--report", metavar="FILE", help="tune, then measure policy vs best and write a markdown table")
     args = p.parse_args(argv)
-    problems = standard_problems(args.dtypes, args.headdims, args.seqlens, args.causal, args.tokens)
+    problems = standard_problems(args.dtypes, args.headdims, args.seqlens, args.causal, args.tokens, args.directions)
     if args.report:
         table, _ = policy_report(problems)
         print(table)

@@ -1,5 +1,6 @@
 """The config-dispatch policy on described devices, and the tuned-config cache. CPU only: the policy
 is a plain function of a device description and the problem."""
+import dataclasses
 import json
 import multiprocessing
 import warnings
@@ -7,7 +8,7 @@ import warnings
 import pytest
 
 from flashop import dispatch
-from flashop.configs import FORWARD_CONFIGS, KernelConfig
+from flashop.configs import BACKWARD_CONFIGS, FORWARD_CONFIGS, KernelConfig, parse_backward
 from flashop.dispatch import DeviceInfo, Problem
 
 ALL_BUILT = [c.name for c in FORWARD_CONFIGS]
@@ -135,3 +136,21 @@ def test_cache_concurrent_writers(cache_dir):
         pool.map(_writer, [(str(cache_dir), w) for w in range(4)])
     entries = dispatch.read_cache()["GPU"]
     assert sorted(entries) == sorted(f"w{w}-{i}" for w in range(4) for i in range(10))
+
+
+ALL_BUILT_BACKWARD = [c.name for c in BACKWARD_CONFIGS]
+
+
+@pytest.mark.parametrize("device", DEVICES.values(), ids=DEVICES.keys())
+def test_backward_policy_returns_a_built_config_that_fits(device):
+    for forward_problem in PROBLEMS:
+        problem = dataclasses.replace(forward_problem, direction="backward")
+        fitting = [c for c in BACKWARD_CONFIGS if (c.dtype, c.headdim) == (problem.dtype, problem.headdim)
+                   and c.smem_bytes() <= device.smem_per_block]
+        if not fitting:  # e.g. d256 backward needs more shared memory than a 99 KB part has
+            with pytest.raises(RuntimeError, match="no built CUDA kernel runs"):
+                dispatch.choose_config(device, problem, ALL_BUILT_BACKWARD)
+            continue
+        name, _ = dispatch.choose_config(device, problem, ALL_BUILT_BACKWARD)
+        assert name == fitting[0].name  # the first listed that fits
+        assert parse_backward(name).smem_bytes() <= device.smem_per_block
