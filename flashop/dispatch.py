@@ -132,11 +132,14 @@ def heuristic_order(problem: "Problem") -> list:
     if d <= 96:
         return [(128, 64, 4, _KV2), (128, 64, 4, ()), (128, 32, 4, ()), (64, 64, 4, ())]
     if d <= 128:
-        return [(128, 64, 4, _KV2), (128, 64, 4, ()), (128, 32, 4, _KV2), (128, 32, 4, ()), (128, 64, 8, ()),
-                (64, 64, 4, ())]
+        order = [(128, 64, 4, _KV2), (128, 64, 4, ()), (128, 32, 4, _KV2), (128, 32, 4, ()), (128, 64, 8, ()),
+                 (64, 64, 4, ())]
+        if problem.dtype == "fp16" and causal:  # measured: fp16 causal runs a little faster without kv2
+            order[0], order[1] = order[1], order[0]
+        return order
     # d192/d256: 128-row tiles need 8 warps and one block per SM; on short (or causal, hence lighter)
     # problems two 64-row blocks per SM win.
-    short = seqlen <= (4096 if causal else 2048)
+    short = seqlen <= (2048 if causal else 512)
     large = [(128, 64, 8, ()), (128, 64, 8, _KV2)]
     small = [(64, 64, 4, ()), (64, 64, 4, _KV2), (64, 32, 4, ())]
     return small + large if short else large + small
