@@ -3,7 +3,8 @@ kernels when the installed torch has CUDA.
 
 Environment:
   FLASHOP_CUDA=0/1       force the CUDA build off/on (default: on when torch has CUDA and nvcc is found)
-  FLASHOP_CUDA_ARCHS     mma.sync targets, e.g. "80;90" (default); Hopper-only sources always get sm_90a
+  FLASHOP_CUDA_ARCHS     mma.sync targets, e.g. "80;90" (default); with 90 the Hopper module flashop._C_sm90
+                         (wgmma + TMA, sm_90a only) is built too
   FLASHOP_KERNELS        comma-separated patterns of forward kernel configs to build (see flashop/configs.py)
   FLASHOP_BWD_KERNELS    the same for the backward kernels (names bwd.<dtype>.d<D>..., tools/gen_bwd_kernels.py)
   MAX_JOBS               parallel compile jobs (ninja)
@@ -56,6 +57,22 @@ def cpu_isa_flags():
     return []
 
 
+def hopper_extension():
+    """flashop._C_sm90: the wgmma + TMA forward kernels, built for sm_90a only (a separate module, so the
+    mma.sync sources keep their own targets). Built when the CUDA build targets sm_90."""
+    from torch.utils.cpp_extension import CUDAExtension
+
+    sources = ["csrc/checks.cpp", "csrc/cuda/sm90/forward_sm90.cu", "csrc/cuda/sm90/bindings_sm90.cpp"]
+    nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr",
+            "-gencode=arch=compute_90a,code=sm_90a"]
+    return CUDAExtension("flashop._C_sm90", sources, include_dirs=[os.path.join(ROOT, "csrc")],
+                         extra_compile_args={"cxx": ["-O3", "-std=c++17"], "nvcc": nvcc})
+
+
+def cuda_archs():
+    return [a for a in os.environ.get("FLASHOP_CUDA_ARCHS", "80;90").replace(",", ";").split(";") if a]
+
+
 def extension():
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
@@ -73,7 +90,7 @@ def extension():
     generated += bwd_generator.generate(out_dir, os.environ.get("FLASHOP_BWD_KERNELS") or None)
     sources += ["csrc/cuda/forward_cuda.cpp", "csrc/cuda/backward_cuda.cpp"]
     sources += sorted(os.path.relpath(p, ROOT) for p in generated)
-    archs = os.environ.get("FLASHOP_CUDA_ARCHS", "80;90").replace(",", ";").split(";")
+    archs = cuda_archs()
     nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr"]
     nvcc += [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs if a]
     return CUDAExtension(
@@ -93,7 +110,7 @@ def main():
         version="0.1.0",
         description="FlashAttention as a PyTorch operator: CUDA and CPU kernels behind torch.ops.flashop",
         packages=find_packages(include=["flashop", "flashop.*"]),
-        ext_modules=[extension()],
+        ext_modules=[extension()] + ([hopper_extension()] if want_cuda() and "90" in cuda_archs() else []),
         cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
         python_requires=">=3.10",
         install_requires=["torch>=2.4", "numpy", "tqdm"],

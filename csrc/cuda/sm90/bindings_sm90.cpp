@@ -1,0 +1,196 @@
+// flashop._C_sm90: host glue of the Hopper (sm_90a) forward kernels. Tensors in,
+// FwdParams out, a kernel from the sm90 registry launched on the current stream.
+// The kernels (forward_sm90.cu) encode their TMA tensor maps from FwdParams.
+
+#include <torch/extension.h>
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "../../checks.h"
+#include "../fwd_params.h"
+#include "registry_sm90.cuh"
+
+namespace flashop {
+namespace sm90 {
+namespace {
+
+std::string built_config_list() {
+  std::ostringstream os;
+  for (int i = 0; i < num_sm90_fwd_kernels(); ++i)
+    os << (i ? ", " : "") << sm90_fwd_kernels()[i].name;
+  return num_sm90_fwd_kernels() ? os.str() : std::string("(none)");
+}
+
+const Sm90FwdKernel* find_kernel(const std::string& name) {
+  for (int i = 0; i < num_sm90_fwd_kernels(); ++i)
+    if (name == sm90_fwd_kernels()[i].name) return &sm90_fwd_kernels()[i];
+  return nullptr;
+}
+
+// TMA needs a 16-byte aligned base and byte strides that are multiples of 16
+// (element strides multiples of 8) below 2^40 bytes, with the head dim contiguous.
+bool tma_can_read(const at::Tensor& t) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  if (t.stride(3) != 1) return false;
+  for (int d = 0; d < 3; ++d) {
+    if (t.size(d) > 1 && (t.stride(d) % 8 != 0 || t.stride(d) >= (int64_t(1) << 38))) return false;
+  }
+  return true;
+}
+
+at::Tensor readable(const at::Tensor& t) {
+  return tma_can_read(t) ? t : t.clone(at::MemoryFormat::Contiguous);
+}
+
+int64_t stride_or_zero(const at::Tensor& t, int d) { return t.size(d) > 1 ? t.stride(d) : 0; }
+
+std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in,
+                                           const at::Tensor& v_in, double softmax_scale,
+                                           bool causal, const std::string& config) {
+  const AttentionDims dims = check_forward_inputs(q_in, k_in, v_in);
+  TORCH_CHECK(q_in.is_cuda() && k_in.is_cuda() && v_in.is_cuda(),
+              "flashop.forward (sm90): q, k and v must be CUDA tensors");
+  TORCH_CHECK(k_in.device() == q_in.device() && v_in.device() == q_in.device(),
+              "flashop.forward (sm90): q, k and v must be on one device; got ", q_in.device(),
+              ", ", k_in.device(), ", ", v_in.device());
+  const at::ScalarType st = q_in.scalar_type();
+  TORCH_CHECK(st == at::kHalf || st == at::kBFloat16,
+              "flashop.forward (sm90): dtype must be float16 or bfloat16, got ", st);
+  TORCH_CHECK(std::isfinite(softmax_scale),
+              "flashop.forward: softmax_scale must be finite, got ", softmax_scale);
+  const Sm90FwdKernel* kernel = find_kernel(config);
+  TORCH_CHECK(kernel != nullptr, "flashop.forward: unknown kernel config '", config,
+              "'; built configs: ", built_config_list());
+  const DType dt = st == at::kHalf ? DType::kFp16 : DType::kBf16;
+  TORCH_CHECK(kernel->dtype == dt, "flashop.forward: kernel config '", config, "' is for ",
+              dtype_name(kernel->dtype), " but q is ", dtype_name(dt));
+  TORCH_CHECK(kernel->headdim == dims.headdim, "flashop.forward: kernel config '", config,
+              "' is for head dimension ", kernel->headdim, " but q has head dimension ",
+              dims.headdim, "; built configs: ", built_config_list());
+
+  c10::cuda::CUDAGuard guard(q_in.device());
+  int major = 0, smem = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                           q_in.get_device());
+  int minor = 0;
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q_in.get_device());
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                 q_in.get_device());
+  TORCH_CHECK(err == cudaSuccess, "flashop.forward (sm90): cannot query device: ",
+              cudaGetErrorString(err));
+  TORCH_CHECK(major == 9 && minor == 0, "flashop.forward (sm90): kernels are built for sm_90a; ",
+              q_in.device(), " is ", major, ".", minor);
+  TORCH_CHECK(static_cast<long long>(kernel->smem_bytes) <= smem, "flashop.forward: kernel config '",
+              config, "' needs ", kernel->smem_bytes, " bytes of shared memory; device allows ",
+              smem);
+
+  const int64_t B = dims.batch, Sq = dims.seqlen_q, Sk = dims.seqlen_k;
+  const int64_t Hq = dims.heads_q, Hk = dims.heads_k, D = dims.headdim;
+  at::Tensor out = at::empty({B, Sq, Hq, D}, q_in.options());
+  at::Tensor lse = at::empty({B, Hq, Sq}, q_in.options().dtype(at::kFloat));
+  if (B == 0 || Hq == 0 || Sq == 0) return {out, lse};
+  if (Sk == 0) {
+    out.zero_();
+    lse.fill_(-std::numeric_limits<float>::infinity());
+    return {out, lse};
+  }
+  TORCH_CHECK(Sq < std::numeric_limits<int>::max() && Sk < std::numeric_limits<int>::max(),
+              "flashop.forward (sm90): sequence lengths must be below 2^31");
+  TORCH_CHECK(Hq <= 65535 && B <= 65535,
+              "flashop.forward (sm90): at most 65535 heads and 65535 batch entries");
+
+  // Positive scale only (see forward_cuda.cpp): fold a negative scale into q,
+  // replace 0 by the smallest normal float.
+  at::Tensor q = q_in;
+  double scale = softmax_scale;
+  if (scale < 0) {
+    q = q_in.neg();
+    scale = -scale;
+  }
+  if (scale < static_cast<double>(std::numeric_limits<float>::min()))
+    scale = static_cast<double>(std::numeric_limits<float>::min());
+  q = readable(q);
+  const at::Tensor k = readable(k_in);
+  const at::Tensor v = readable(v_in);
+
+  FwdParams p{};
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.out = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.q_batch_stride = stride_or_zero(q, 0);
+  p.q_row_stride = stride_or_zero(q, 1);
+  p.q_head_stride = stride_or_zero(q, 2);
+  p.k_batch_stride = stride_or_zero(k, 0);
+  p.k_row_stride = stride_or_zero(k, 1);
+  p.k_head_stride = stride_or_zero(k, 2);
+  p.v_batch_stride = stride_or_zero(v, 0);
+  p.v_row_stride = stride_or_zero(v, 1);
+  p.v_head_stride = stride_or_zero(v, 2);
+  p.o_batch_stride = out.stride(0);
+  p.o_row_stride = out.stride(1);
+  p.o_head_stride = out.stride(2);
+  p.lse_batch_stride = lse.stride(0);
+  p.lse_head_stride = lse.stride(1);
+  p.batch = static_cast<int>(B);
+  p.seqlen_q = static_cast<int>(Sq);
+  p.seqlen_k = static_cast<int>(Sk);
+  p.heads_q = static_cast<int>(Hq);
+  p.heads_k = static_cast<int>(Hk);
+  p.head_ratio = static_cast<int>(Hq / Hk);
+  p.head_ratio_magic = fwd_head_ratio_magic(p.head_ratio);
+  p.headdim = static_cast<int>(D);
+  p.scale = static_cast<float>(scale);
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.causal = causal;
+
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
+  err = kernel->launch(p, stream);
+  TORCH_CHECK(err == cudaSuccess, "flashop.forward: launching kernel '", kernel->name,
+              "' failed: ", cudaGetErrorString(err));
+  return {out, lse};
+}
+
+std::vector<std::string> built_configs() {
+  std::vector<std::string> names;
+  for (int i = 0; i < num_sm90_fwd_kernels(); ++i) names.emplace_back(sm90_fwd_kernels()[i].name);
+  return names;
+}
+
+int64_t config_smem(const std::string& name) {
+  const Sm90FwdKernel* k = find_kernel(name);
+  TORCH_CHECK(k != nullptr, "flashop.forward: unknown kernel config '", name,
+              "'; built configs: ", built_config_list());
+  return static_cast<int64_t>(k->smem_bytes);
+}
+
+}  // namespace
+}  // namespace sm90
+}  // namespace flashop
+
+PYBIND11_MODULE(_C_sm90, m) {
+  namespace py = pybind11;
+  m.doc() = "flashop Hopper (sm_90a) forward kernels: TMA + wgmma + warp specialisation";
+  m.def("forward", &flashop::sm90::forward, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("softmax_scale"), py::arg("causal"), py::arg("config"),
+        "FlashAttention forward on sm_90a. q (B, Sq, Hq, D), k/v (B, Sk, Hk, D), fp16/bf16. "
+        "config: a name from built_configs(). Returns (out (B, Sq, Hq, D), softmax_lse "
+        "(B, Hq, Sq) float32, natural log).");
+  m.def("built_configs", &flashop::sm90::built_configs,
+        "Names of the sm90 forward kernel configs compiled into this module.");
+  m.def("config_smem", &flashop::sm90::config_smem, py::arg("name"),
+        "Dynamic shared memory per block (bytes) of a built sm90 config.");
+}

@@ -1,0 +1,113 @@
+// sm_90a forward: host launchers (CUtensorMap encoding through the runtime's
+// driver entry point, so the extension does not link libcuda), explicit
+// instantiations and the registry table. Build with
+// -gencode=arch=compute_90a,code=sm_90a.
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <mutex>
+
+#include "fwd_kernel.cuh"
+#include "registry_sm90.cuh"
+
+namespace flashop {
+namespace sm90 {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 get_encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult qres{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
+                                         cudaEnableDefault, &qres) == cudaSuccess &&
+        qres == cudaDriverEntryPointSuccess) {
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+    }
+  });
+  return fn;
+}
+
+// A (B, S, H, D) tensor with element strides (batch, row, head), D contiguous,
+// as a 4-D tensor map (D, S, H, B) with box (64, box_rows, 1, 1), 128-byte swizzle.
+// A stride of 0 (a dimension of size 1) is replaced by a harmless 16-byte multiple.
+cudaError_t encode_bshd(CUtensorMap* map, bool bf16, const void* ptr, int64_t batch, int64_t seqlen,
+                        int64_t heads, int64_t headdim, int64_t batch_stride, int64_t row_stride,
+                        int64_t head_stride, int box_rows) {
+  auto fn = get_encode_fn();
+  if (fn == nullptr) return cudaErrorNotSupported;
+  auto bytes = [&](int64_t s) -> cuuint64_t {
+    const int64_t b = s * 2;
+    return b > 0 ? static_cast<cuuint64_t>(b) : static_cast<cuuint64_t>(headdim * 2);
+  };
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(headdim), static_cast<cuuint64_t>(seqlen),
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[3] = {bytes(row_stride), bytes(head_stride), bytes(batch_stride)};
+  const cuuint32_t box[4] = {64u, static_cast<cuuint32_t>(box_rows), 1u, 1u};
+  const cuuint32_t estr[4] = {1u, 1u, 1u, 1u};
+  const CUresult r =
+      fn(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+         const_cast<void*>(ptr), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <class T>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  if (p.headdim != T::kHeadDim) return cudaErrorInvalidValue;
+  CUtensorMap tq, tk, tv;
+  cudaError_t err = encode_bshd(&tq, T::kBf16, p.q, p.batch, p.seqlen_q, p.heads_q, p.headdim,
+                                p.q_batch_stride, p.q_row_stride, p.q_head_stride, T::kBlockM);
+  if (err == cudaSuccess)
+    err = encode_bshd(&tk, T::kBf16, p.k, p.batch, p.seqlen_k, p.heads_k, p.headdim,
+                      p.k_batch_stride, p.k_row_stride, p.k_head_stride, T::kBlockN);
+  if (err == cudaSuccess)
+    err = encode_bshd(&tv, T::kBf16, p.v, p.batch, p.seqlen_k, p.heads_k, p.headdim,
+                      p.v_batch_stride, p.v_row_stride, p.v_head_stride, T::kBlockN);
+  if (err != cudaSuccess) return err;
+
+  auto kernel = fwd_kernel_sm90<T>;
+  // The attribute is per device; setting it on every launch is cheap and safe.
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.seqlen_q + T::kBlockM - 1) / T::kBlockM, p.heads_q, p.batch);
+  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, p);
+  return cudaGetLastError();
+}
+
+using Bf16D64 = Sm90FwdTraits<true, 64, 128, 128>;
+using Fp16D64 = Sm90FwdTraits<false, 64, 128, 128>;
+using Bf16D128 = Sm90FwdTraits<true, 128, 128, 128>;
+using Fp16D128 = Sm90FwdTraits<false, 128, 128, 128>;
+using Bf16D128NoPP = Sm90FwdTraits<true, 128, 128, 128, false>;
+using Bf16D64NoPP = Sm90FwdTraits<true, 64, 128, 128, false>;
+
+template <class T>
+constexpr Sm90FwdKernel entry(const char* name) {
+  return Sm90FwdKernel{name,          &launch_fwd<T>, T::kBf16 ? DType::kBf16 : DType::kFp16,
+                       T::kHeadDim,   T::kBlockM,     T::kBlockN,
+                       T::kSmemBytes, T::kThreads};
+}
+
+const Sm90FwdKernel kKernels[] = {
+    entry<Bf16D128>("sm90.bf16.d128.br128.bc128"),
+    entry<Fp16D128>("sm90.fp16.d128.br128.bc128"),
+    entry<Bf16D64>("sm90.bf16.d64.br128.bc128"),
+    entry<Fp16D64>("sm90.fp16.d64.br128.bc128"),
+    // without the consumer ping-pong barriers (A/B, debugging)
+    entry<Bf16D128NoPP>("sm90.bf16.d128.br128.bc128.nopp"),
+    entry<Bf16D64NoPP>("sm90.bf16.d64.br128.bc128.nopp"),
+};
+
+}  // namespace
+
+const Sm90FwdKernel* sm90_fwd_kernels() { return kKernels; }
+int num_sm90_fwd_kernels() { return static_cast<int>(sizeof(kKernels) / sizeof(kKernels[0])); }
+
+}  // namespace sm90
+}  // namespace flashop

@@ -1,0 +1,148 @@
+// Hopper (sm_90a) building blocks for the forward kernel: mbarriers, TMA tensor
+// loads, wgmma shared-memory descriptors, warpgroup fences, setmaxnreg.
+// Every asm body is compiled only for sm_90a (FLASHOP_SM90_ENABLED, set in
+// wgmma.cuh); elsewhere the functions are empty so the host pass and other
+// targets still parse the file.
+#pragma once
+
+#include <cstdint>
+
+#include "wgmma.cuh"
+
+namespace flashop {
+namespace sm90 {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------- mbarrier
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+
+// Makes the barrier inits visible to the async proxy (TMA) and the other threads.
+__device__ __forceinline__ void mbar_init_fence() {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+// One arrival plus `bytes` expected transaction bytes (the TMA loads that follow).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+#endif
+}
+
+// Blocks until the phase with parity `phase` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {
+#ifdef FLASHOP_SM90_ENABLED
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(phase)
+        : "memory");
+  } while (!done);
+#endif
+}
+
+// ---------------------------------------------------------------- TMA
+__device__ __forceinline__ void tma_prefetch_desc(const void* tmap) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+#endif
+}
+
+// 4-D tiled load (coordinates innermost first: d, row, head, batch) into
+// shared memory; completes `bytes` of transaction on the mbarrier.
+__device__ __forceinline__ void tma_load_4d(const void* tmap, uint32_t smem_dst, uint32_t bar,
+                                            int c0, int c1, int c2, int c3) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+#endif
+}
+
+// ---------------------------------------------------------------- wgmma
+// Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"):
+//   bits  0-13 start address >> 4
+//   bits 16-29 leading dimension byte offset >> 4
+//   bits 32-45 stride dimension byte offset >> 4
+//   bits 49-51 base offset (0: every swizzle atom is 1024-byte aligned)
+//   bits 62-63 swizzle: 0 none, 1 128B, 2 64B, 3 32B
+// With the 128B swizzle, one atom is 8 rows x 128 bytes (1024 bytes).
+//  K-major (rows of 64 contiguous K elements): SBO = 1024 (next 8-row group);
+//    LBO unused (set to 1); stepping K by 16 elements adds 32 bytes to start.
+//  MN-major (rows of 64 contiguous N elements, one row per K): SBO = 1024
+//    (next 8 K rows), LBO = byte distance between 64-element N blocks;
+//    stepping K by 16 adds 2048 bytes to start.
+__device__ __forceinline__ uint64_t make_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes,
+                                                    uint32_t sbo_bytes) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
+  d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
+  d |= static_cast<uint64_t>(1) << 62;
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// ---------------------------------------------------------------- registers
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+#endif
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+#endif
+}
+
+// Named barriers over `threads` threads (a multiple of 32). id 0 is __syncthreads.
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_bar_sync() {
+  asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
+}
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_bar_arrive() {
+  asm volatile("bar.arrive %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
+}
+
+}  // namespace sm90
+}  // namespace flashop

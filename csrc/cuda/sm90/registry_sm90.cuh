@@ -1,0 +1,33 @@
+// The table of compiled sm_90a forward kernels (defined in forward_sm90.cu).
+// Plain C++ (no device code): bindings_sm90.cpp includes it with the host compiler.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "../fwd_params.h"
+#include "../kernel_config.h"
+
+namespace flashop {
+namespace sm90 {
+
+struct Sm90FwdKernel {
+  const char* name;  // e.g. "sm90.bf16.d128.br128.bc128"
+  // Encodes the q/k/v tensor maps from the params (pointers, sizes, strides),
+  // sets the shared-memory opt-in, launches on `stream`; returns the status.
+  // Needs: 16-byte aligned base pointers, strides (in bytes) multiples of 16.
+  cudaError_t (*launch)(const FwdParams&, cudaStream_t);
+  DType dtype;
+  int headdim;
+  int block_m;
+  int block_n;
+  std::size_t smem_bytes;
+  int threads;
+};
+
+const Sm90FwdKernel* sm90_fwd_kernels();
+int num_sm90_fwd_kernels();
+
+}  // namespace sm90
+}  // namespace flashop

@@ -1,0 +1,187 @@
+"""Hopper (sm_90a) forward kernels of flashop._C_sm90 against a float64 reference.
+
+Skipped unless a GPU of compute capability 9.0 is present and the module is built.
+"""
+
+import math
+
+import pytest
+import torch
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0)
+pytestmark = pytest.mark.skipif(not HOPPER, reason="needs a compute capability 9.0 GPU")
+
+if HOPPER:
+    try:
+        import flashop._C_sm90 as sm90
+    except ImportError as e:  # pragma: no cover
+        pytestmark = pytest.mark.skip(reason=f"flashop._C_sm90 not built: {e}")
+        sm90 = None
+else:
+    sm90 = None
+
+
+def built():
+    return list(sm90.built_configs()) if sm90 is not None else []
+
+
+def parse(name):
+    # "sm90.bf16.d128.br128.bc128"
+    parts = name.split(".")
+    dtype = torch.bfloat16 if parts[1] == "bf16" else torch.float16
+    return dtype, int(parts[2][1:]), int(parts[3][2:]), int(parts[4][2:])
+
+
+CONFIGS = [
+    "sm90.bf16.d128.br128.bc128",
+    "sm90.fp16.d128.br128.bc128",
+    "sm90.bf16.d64.br128.bc128",
+    "sm90.fp16.d64.br128.bc128",
+    "sm90.bf16.d128.br128.bc128.nopp",
+    "sm90.bf16.d64.br128.bc128.nopp",
+]
+
+
+def reference(q, k, v, scale, causal, dtype=torch.float64):
+    """Plain softmax attention in `dtype`; q (B,Sq,Hq,D), k/v (B,Sk,Hk,D). Returns out, lse."""
+    B, Sq, Hq, D = q.shape
+    Sk, Hk = k.shape[1], k.shape[2]
+    qf, kf, vf = (t.to(dtype).transpose(1, 2) for t in (q, k, v))  # (B,H,S,D)
+    if Hq != Hk:
+        kf = kf.repeat_interleave(Hq // Hk, dim=1)
+        vf = vf.repeat_interleave(Hq // Hk, dim=1)
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    if causal:
+        i = torch.arange(Sq, device=q.device)[:, None]
+        j = torch.arange(Sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + Sk - Sq, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # -inf for rows that see nothing
+    p = torch.exp(s - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
+    p = torch.nan_to_num(p, nan=0.0)
+    out = torch.matmul(p, vf).transpose(1, 2)  # (B,Sq,Hq,D)
+    return out, lse.float()
+
+
+def check(name, q, k, v, causal, scale=None):
+    D = q.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    out, lse = sm90.forward(q, k, v, scale, causal, name)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = reference(q, k, v, scale, causal)
+    # PyTorch's own error: the same math in the low-precision dtype.
+    lp_out, _ = reference(q, k, v, scale, causal, dtype=q.dtype)
+    torch_err = (lp_out.double() - ref_out).abs().max().item()
+    err = (out.double() - ref_out).abs().max().item()
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert not torch.isnan(out).any(), "NaN in out"
+    assert err <= 2 * torch_err + 1e-3, f"{name}: max |out - ref| = {err} > 2 * {torch_err} + 1e-3"
+    dead = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse) & (lse < 0), dead), "lse -inf rows differ"
+    assert (out.transpose(1, 2)[dead] == 0).all(), "rows that see no key must be 0"
+    if (~dead).any():
+        lerr = (lse[~dead] - ref_lse[~dead]).abs().max().item()
+        assert lerr <= 1e-3 + 1e-3 * ref_lse[~dead].abs().max().item(), f"lse error {lerr}"
+
+
+def rand(B, S, H, D, dtype):
+    return torch.randn(B, S, H, D, device="cuda", dtype=dtype)
+
+
+def test_built_configs():
+    names = built()
+    assert names, "no sm90 config built"
+    for n in names:
+        assert n.startswith("sm90.")
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "B,Sq,Sk,Hq,Hk",
+    [
+        (1, 128, 128, 1, 1),
+        (2, 256, 256, 2, 2),
+        (1, 1, 1, 1, 1),
+        (1, 1, 300, 2, 2),      # Sq = 1
+        (1, 77, 45, 2, 2),      # Sk < B_c, Sq not a tile multiple
+        (1, 300, 333, 3, 3),    # ragged tails
+        (2, 513, 1000, 2, 2),
+        (1, 200, 129, 8, 2),    # GQA 8:2
+        (1, 400, 150, 2, 1),    # causal Sq > Sk: zero rows
+        (1, 1024, 1024, 4, 4),
+    ],
+)
+def test_forward(name, causal, B, Sq, Sk, Hq, Hk):
+    if name not in built():
+        pytest.skip(f"{name} not built")
+    dtype, D, _, _ = parse(name)
+    check(name, rand(B, Sq, Hq, D, dtype), rand(B, Sk, Hk, D, dtype), rand(B, Sk, Hk, D, dtype),
+          causal)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_strided_qkv(name, causal):
+    """q, k, v sliced from one packed (B, S, 3, H, D) tensor: row stride 3*H*D."""
+    if name not in built():
+        pytest.skip(f"{name} not built")
+    dtype, D, _, _ = parse(name)
+    B, S, H = 2, 321, 3
+    qkv = torch.randn(B, S, 3, H, D, device="cuda", dtype=dtype)
+    q, k, v = qkv.unbind(2)
+    assert not q.is_contiguous()
+    check(name, q, k, v, causal)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_causal_zero_rows(name):
+    """Causal bottom-right with Sq > Sk: the first Sq - Sk rows see no key."""
+    if name not in built():
+        pytest.skip(f"{name} not built")
+    dtype, D, _, _ = parse(name)
+    q, k, v = rand(1, 260, 2, D, dtype), rand(1, 5, 2, D, dtype), rand(1, 5, 2, D, dtype)
+    out, lse = sm90.forward(q, k, v, 1.0 / math.sqrt(D), True, name)
+    torch.cuda.synchronize()
+    assert torch.isneginf(lse[:, :, : 260 - 5]).all()
+    assert (out[:, : 260 - 5] == 0).all()
+    assert torch.isfinite(lse[:, :, 260 - 5 :]).all()
+    check(name, q, k, v, True)
+
+
+def test_unknown_config():
+    q = rand(1, 8, 1, 128, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="unknown kernel config 'nope'; built configs: "):
+        sm90.forward(q, q, q, 0.1, False, "nope")
+
+
+def test_wrong_headdim():
+    names = [n for n in built() if parse(n)[1] == 128 and parse(n)[0] == torch.bfloat16]
+    if not names:
+        pytest.skip("no bf16 d128 config")
+    q = rand(1, 8, 1, 64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="head dimension"):
+        sm90.forward(q, q, q, 0.1, False, names[0])
+
+
+def test_timing_print():
+    """Not an assertion: prints TFLOP/s for the built configs at a typical shape."""
+    for name in built():
+        dtype, D, _, _ = parse(name)
+        B, S, H = 4, 4096, 16 if D == 128 else 32
+        q, k, v = rand(B, S, H, D, dtype), rand(B, S, H, D, dtype), rand(B, S, H, D, dtype)
+        for causal in (False, True):
+            fn = lambda: sm90.forward(q, k, v, 1.0 / math.sqrt(D), causal, name)  # noqa: E731
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            iters = 20
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            ms = start.elapsed_time(end) / iters
+            flops = 4 * B * H * S * S * D / (2 if causal else 1)
+            print(f"{name} causal={causal} B={B} S={S} H={H}: {ms:.3f} ms, "
+                  f"{flops / ms / 1e9:.1f} TFLOP/s")
