@@ -460,3 +460,47 @@ def select_backward(names_filter=None, configs=None) -> list:
     """Configs (default BACKWARD_CONFIGS) whose name matches names_filter: None (all),
     a comma-separated string or an iterable of fnmatch patterns, or a predicate."""
     return [c for c in (BACKWARD_CONFIGS if configs is None else configs) if _matches_backward(c.name, names_filter)]
+
+
+# ---------------------------------------------------------------- Hopper forward kernels (flashop._C_sm90)
+#
+# Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp]. wgmma + TMA, one producer and two consumer warpgroups;
+# "nopp" drops the ping-pong barriers that let one consumer's softmax run under the other's GEMMs.
+# Built for sm_90a only: they run on compute capability 9.0 exactly.
+
+@dataclass(frozen=True)
+class HopperConfig:
+    dtype: str
+    headdim: int
+    block_m: int = 128
+    block_n: int = 128
+    pingpong: bool = True
+
+    @property
+    def name(self) -> str:
+        return f"sm90.{self.dtype}.d{self.headdim}.br{self.block_m}.bc{self.block_n}" + ("" if self.pingpong else ".nopp")
+
+    def runs_on(self, capability: tuple) -> bool:
+        return tuple(capability) == (9, 0)
+
+    def smem_bytes(self) -> int:
+        """Q tile + 2 stages x (K + V tiles) + 1024 B alignment slack + the mbarriers (csrc/cuda/sm90)."""
+        return ELEMENT_BYTES * self.headdim * (self.block_m + 4 * self.block_n) + 1080
+
+    @classmethod
+    def parse(cls, name: str) -> "HopperConfig":
+        parts = name.split(".")
+        if len(parts) not in (5, 6) or parts[0] != "sm90" or (len(parts) == 6 and parts[5] != "nopp"):
+            raise ValueError(f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp]")
+        try:
+            config = cls(parts[1], int(parts[2][1:]), int(parts[3][2:]), int(parts[4][2:]), len(parts) == 5)
+        except ValueError:
+            raise ValueError(f"Hopper kernel config {name!r}: malformed field") from None
+        if config.name != name:
+            raise ValueError(f"Hopper kernel config {name!r}: not in canonical form ({config.name})")
+        return config
+
+
+HOPPER_FORWARD_CONFIGS = tuple(
+    HopperConfig(dtype, d, pingpong=pp) for dtype in DTYPES for d in (64, 128) for pp in (True, False)
+    if pp or dtype == "bf16")

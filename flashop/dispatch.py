@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from .configs import KernelConfig, parse_backward
+from .configs import HopperConfig, KernelConfig, parse_backward
 
 CPU_CONFIG = "cpu"
 
@@ -63,11 +63,22 @@ def _native():
     return _C
 
 
+def hopper_module():
+    """flashop._C_sm90 (wgmma + TMA forward kernels) when this build has it, else None."""
+    try:
+        from . import _C_sm90
+    except ImportError:
+        return None
+    return _C_sm90
+
+
 @functools.lru_cache(maxsize=None)
 def _built(direction: str) -> tuple[str, ...]:
     native = _native()
     getter = getattr(native, f"built_{direction}_configs", None)
-    return tuple(getter()) if native.WITH_CUDA and getter is not None else ()
+    names = tuple(getter()) if native.WITH_CUDA and getter is not None else ()
+    hopper = hopper_module() if direction == "forward" else None
+    return names + (tuple(hopper.built_configs()) if hopper is not None else ())
 
 
 def built_configs(direction: str = "forward") -> list[str]:
@@ -150,8 +161,18 @@ def _shape_of(config: KernelConfig):
 
 
 def parse_config(name: str):
-    """KernelConfig (forward) or BackwardConfig (names starting with `bwd.`)."""
-    return parse_backward(name) if name.startswith("bwd.") else KernelConfig.parse(name)
+    """KernelConfig (mma.sync forward), HopperConfig (`sm90.` names) or BackwardConfig (`bwd.` names)."""
+    if name.startswith("bwd."):
+        return parse_backward(name)
+    if name.startswith("sm90."):
+        return HopperConfig.parse(name)
+    return KernelConfig.parse(name)
+
+
+def runs_on(config, capability: tuple[int, int]) -> bool:
+    if isinstance(config, HopperConfig):
+        return config.runs_on(capability)  # sm_90a code runs on compute capability 9.0 only
+    return capability[0] * 10 + capability[1] >= getattr(config, "min_sm", 80)
 
 
 def candidates(device: DeviceInfo, problem: Problem, built: list[str]) -> list:
@@ -160,8 +181,7 @@ def candidates(device: DeviceInfo, problem: Problem, built: list[str]) -> list:
     for name in built:
         config = parse_config(name)
         if (config.dtype == problem.dtype and config.headdim == problem.headdim
-                and config.smem_bytes() <= device.smem_per_block
-                and device.capability[0] * 10 + device.capability[1] >= getattr(config, "min_sm", 80)):
+                and config.smem_bytes() <= device.smem_per_block and runs_on(config, device.capability)):
             out.append(config)
     return out
 
@@ -182,6 +202,10 @@ def choose_config(device: DeviceInfo, problem: Problem, built: list[str], tuned:
     if problem.direction == "backward":
         # Backward configs are listed best first per headdim (flashop/configs.py, BACKWARD_CONFIGS).
         return pool[0].name, "backward default: first listed config that is built and fits"
+    hopper = [c for c in pool if isinstance(c, HopperConfig) and c.pingpong]
+    if hopper:
+        return hopper[0].name, "heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0"
+    pool = [c for c in pool if isinstance(c, KernelConfig)]
     order = heuristic_order(problem)
     rank = {shape: i for i, shape in enumerate(order)}
     ranked = sorted(pool, key=lambda c: (rank.get(_shape_of(c), len(order)), -c.block_m, -c.block_n))

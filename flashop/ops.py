@@ -46,6 +46,8 @@ if _C.WITH_CUDA:
         if config is None:
             config = dispatch.config_for(q, k, causal, "forward")
         scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
+        if config.startswith("sm90."):
+            return dispatch.hopper_module().forward(q, k, v, scale, causal, config)
         return _C.cuda_forward(q, k, v, scale, causal, config)
 
     @torch.library.register_kernel("flashop::backward", "cuda")

@@ -8,10 +8,10 @@ import warnings
 import pytest
 
 from flashop import dispatch
-from flashop.configs import BACKWARD_CONFIGS, FORWARD_CONFIGS, KernelConfig, parse_backward
+from flashop.configs import BACKWARD_CONFIGS, FORWARD_CONFIGS, HOPPER_FORWARD_CONFIGS, KernelConfig, parse_backward
 from flashop.dispatch import DeviceInfo, Problem
 
-ALL_BUILT = [c.name for c in FORWARD_CONFIGS]
+ALL_BUILT = [c.name for c in FORWARD_CONFIGS] + [c.name for c in HOPPER_FORWARD_CONFIGS]
 DEVICES = {
     "A100": DeviceInfo("NVIDIA A100-SXM4-80GB", (8, 0), 108, 166912),
     "H100": DeviceInfo("NVIDIA H100 80GB HBM3", (9, 0), 132, 232448),
@@ -31,15 +31,18 @@ PROBLEMS = [
 def test_policy_returns_a_built_config_that_fits(device):
     for problem in PROBLEMS:
         name, reason = dispatch.choose_config(device, problem, ALL_BUILT)
-        config = KernelConfig.parse(name)
+        config = dispatch.parse_config(name)
         assert name in ALL_BUILT, (problem, name)
+        # The Hopper family where it runs (9.0) and takes the problem; the mma.sync family elsewhere.
+        hopper_takes = device.capability == (9, 0) and problem.headdim in (64, 128)
+        assert name.startswith("sm90.") == hopper_takes, (device, problem, name)
         assert (config.dtype, config.headdim) == (problem.dtype, problem.headdim), (problem, name)
         assert config.smem_bytes() <= device.smem_per_block, (device, problem, name)
         assert reason
 
 
 def test_policy_uses_small_query_tiles_when_the_gpu_would_idle():
-    h100 = DEVICES["H100"]
+    h100 = dataclasses.replace(DEVICES["H100"], capability=(8, 0))  # the mma.sync family's rule
     few = Problem("bf16", 128, 512, 512, 4, False)  # 4 tiles of 128 rows for 132 SMs
     many = Problem("bf16", 128, 8192, 8192, 64, False)
     assert KernelConfig.parse(dispatch.choose_config(h100, few, ALL_BUILT)[0]).block_m == 64
@@ -49,6 +52,7 @@ def test_policy_uses_small_query_tiles_when_the_gpu_would_idle():
 def test_policy_prefers_a_tuned_entry_and_ignores_bad_ones():
     h100, problem = DEVICES["H100"], Problem("bf16", 128, 4096, 4096, 128, True)
     key = dispatch.bucket_key(problem)
+    assert dispatch.choose_config(h100, problem, ALL_BUILT)[0] == "sm90.bf16.d128.br128.bc128"
     assert dispatch.choose_config(h100, problem, ALL_BUILT, {key: "bf16.d128.br128.bc32.w4"}) == (
         "bf16.d128.br128.bc32.w4", f"tuned cache entry {key}")
     default = dispatch.choose_config(h100, problem, ALL_BUILT)[0]

@@ -99,3 +99,18 @@ def test_forward_writes_every_element(device):
     del poison
     out, lse = torch.ops.flashop.forward(q, k, v, None, True, None)
     assert not out.isnan().any() and not lse.isnan().any()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs a GPU of compute capability 9.0 (H100/H200)")
+@pytest.mark.parametrize("headdim", [64, 128])
+def test_hopper_family_runs_by_default_on_sm90(headdim):
+    """On H100/H200 the policy sends d64/d128 to the wgmma + TMA kernels, so the CUDA tests above
+    exercise that path; other headdims stay on mma.sync."""
+    from flashop import dispatch
+
+    q, k, v = make_qkv((2, 300, 277, 4, 2, headdim), torch.bfloat16, "cuda")
+    assert dispatch.config_for(q, k, True, "forward").startswith("sm90.")
+    check_forward(q, k, v, causal=True)
+    q, k, v = make_qkv((2, 300, 300, 4, 2, 256), torch.bfloat16, "cuda")
+    assert not dispatch.config_for(q, k, True, "forward").startswith("sm90.")

@@ -11,7 +11,6 @@ import sys
 import torch
 
 import flashop
-from flashop.configs import KernelConfig
 
 SHAPES = [  # (batch, seqlen_q, seqlen_k, heads_q, heads_k)
     (1, 1, 1, 1, 1),
@@ -24,12 +23,12 @@ def main(patterns):
     failures = 0
     names = [n for n in flashop.dispatch.built_configs("forward") if any(fnmatch.fnmatch(n, p) for p in patterns)]
     for name in names:
-        config = KernelConfig.parse(name)
-        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[config.dtype]
+        dtype_code, headdim = flashop.dispatch.dtype_and_headdim(name)
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_code]
         for b, sq, sk, hq, hk in SHAPES:
             for causal in (False, True):
-                q = torch.randn(b, sq, hq, config.headdim, device="cuda", dtype=dtype)
-                k, v = (torch.randn(b, sk, hk, config.headdim, device="cuda", dtype=dtype) for _ in range(2))
+                q = torch.randn(b, sq, hq, headdim, device="cuda", dtype=dtype)
+                k, v = (torch.randn(b, sk, hk, headdim, device="cuda", dtype=dtype) for _ in range(2))
                 out, lse = torch.ops.flashop.forward(q, k, v, None, causal, name)
                 ref = flashop.ops.forward_op(q.cpu().float(), k.cpu().float(), v.cpu().float(), None, causal, None)[0]
                 err = (out.cpu().float() - ref).abs().max().item()
