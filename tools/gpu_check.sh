@@ -34,7 +34,7 @@ fi
 
 if has test; then
   step test
-  python3 -m pytest -q -rfEs tests -k "cuda or Cuda or CUDA" 2>&1 | tee "$OUT/test_cuda.log" | tail -25
+  python3 -m pytest -q -rfEs tests -k "cuda or sm90 or hopper or timed" 2>&1 | tee "$OUT/test_cuda.log" | tail -25
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
