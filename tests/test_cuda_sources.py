@@ -91,19 +91,24 @@ def test_sm80_index_math():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
-def nvcc_compile(source, out_dir):
+def nvcc_compile(source, out_dir, arch="80"):
     cmd = [NVCC, "-c", source, "-o", os.path.join(out_dir, os.path.basename(source) + ".o"), "-O3", "-std=c++17",
-           "--use_fast_math", "--expt-relaxed-constexpr", "-gencode=arch=compute_80,code=sm_80"]
+           "--use_fast_math", "--expt-relaxed-constexpr", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+           f"-I{os.path.join(ROOT, 'csrc')}"]
     return cmd, subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_nvcc_compiles_representative_kernels(tmp_path):
+    """Forward and backward mma.sync kernels for sm_80, the wgmma + TMA kernels for sm_90a."""
     gen = load_tool("gen_kernels")
     subset = [KernelConfig.parse(n) for n in ("bf16.d128.br128.bc64.w4.kv2", "fp16.d64.br128.bc64.w4")]
-    sources = gen.generate(str(tmp_path / "gen"), subset)
+    jobs = [(s, "80") for s in gen.generate(str(tmp_path / "gen"), subset)]
+    bwd = load_tool("gen_bwd_kernels")
+    jobs += [(s, "80") for s in bwd.generate(str(tmp_path / "gen"), "bwd.bf16.d128.bc128.br64.w8.k32")]
+    jobs.append((os.path.join(ROOT, "csrc/cuda/sm90/forward_sm90.cu"), "90a"))  # the Hopper kernels
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda s: nvcc_compile(s, str(tmp_path)), sources))
+        results = list(pool.map(lambda job: nvcc_compile(job[0], str(tmp_path), job[1]), jobs))
     for cmd, result in results:
         assert result.returncode == 0, " ".join(cmd) + "\n" + result.stderr[-5000:]
 
@@ -116,7 +121,7 @@ def test_cuda_glue_compiles(tmp_path):
     shim.mkdir(parents=True)
     (shim / "cuda_cmake_macros.h").write_text("#pragma once\n")
     includes = cpp_extension.include_paths() + [CUDA_INCLUDE, os.path.join(ROOT, "csrc"), str(tmp_path)]
-    for source in ("csrc/cuda/forward_cuda.cpp",):
+    for source in ("csrc/cuda/forward_cuda.cpp", "csrc/cuda/backward_cuda.cpp", "csrc/cuda/sm90/bindings_sm90.cpp"):
         cmd = ["g++", "-fsyntax-only", "-std=c++17", "-DFLASHOP_WITH_CUDA", os.path.join(ROOT, source)]
         cmd += [f"-I{p}" for p in includes]
         cmd += [f"-I{__import__('sysconfig').get_paths()['include']}"]

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../../checks.h"
+#include "../forward_glue.h"
 #include "../fwd_params.h"
 #include "registry_sm90.cuh"
 
@@ -52,7 +53,6 @@ at::Tensor readable(const at::Tensor& t) {
   return tma_can_read(t) ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
-int64_t stride_or_zero(const at::Tensor& t, int d) { return t.size(d) > 1 ? t.stride(d) : 0; }
 
 std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in,
                                            const at::Tensor& v_in, double softmax_scale,
@@ -96,66 +96,18 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Ten
               config, "' needs ", kernel->smem_bytes, " bytes of shared memory; device allows ",
               smem);
 
-  const int64_t B = dims.batch, Sq = dims.seqlen_q, Sk = dims.seqlen_k;
-  const int64_t Hq = dims.heads_q, Hk = dims.heads_k, D = dims.headdim;
-  at::Tensor out = at::empty({B, Sq, Hq, D}, q_in.options());
-  at::Tensor lse = at::empty({B, Hq, Sq}, q_in.options().dtype(at::kFloat));
-  if (B == 0 || Hq == 0 || Sq == 0) return {out, lse};
-  if (Sk == 0) {
-    out.zero_();
-    lse.fill_(-std::numeric_limits<float>::infinity());
-    return {out, lse};
-  }
-  TORCH_CHECK(Sq < std::numeric_limits<int>::max() && Sk < std::numeric_limits<int>::max(),
+  at::Tensor out, lse;
+  if (allocate_forward_outputs(q_in, dims, out, lse)) return {out, lse};
+  TORCH_CHECK(dims.seqlen_q < std::numeric_limits<int>::max() && dims.seqlen_k < std::numeric_limits<int>::max(),
               "flashop.forward (sm90): sequence lengths must be below 2^31");
-  TORCH_CHECK(Hq <= 65535 && B <= 65535,
+  TORCH_CHECK(dims.heads_q <= 65535 && dims.batch <= 65535,
               "flashop.forward (sm90): at most 65535 heads and 65535 batch entries");
 
-  // Positive scale only (see forward_cuda.cpp): fold a negative scale into q,
-  // replace 0 by the smallest normal float.
-  at::Tensor q = q_in;
-  double scale = softmax_scale;
-  if (scale < 0) {
-    q = q_in.neg();
-    scale = -scale;
-  }
-  if (scale < static_cast<double>(std::numeric_limits<float>::min()))
-    scale = static_cast<double>(std::numeric_limits<float>::min());
-  q = readable(q);
+  double scale = softmax_scale;  // positive only: see forward_glue.h
+  const at::Tensor q = readable(fold_scale_into_q(q_in, scale));
   const at::Tensor k = readable(k_in);
   const at::Tensor v = readable(v_in);
-
-  FwdParams p{};
-  p.q = q.data_ptr();
-  p.k = k.data_ptr();
-  p.v = v.data_ptr();
-  p.out = out.data_ptr();
-  p.lse = lse.data_ptr<float>();
-  p.q_batch_stride = stride_or_zero(q, 0);
-  p.q_row_stride = stride_or_zero(q, 1);
-  p.q_head_stride = stride_or_zero(q, 2);
-  p.k_batch_stride = stride_or_zero(k, 0);
-  p.k_row_stride = stride_or_zero(k, 1);
-  p.k_head_stride = stride_or_zero(k, 2);
-  p.v_batch_stride = stride_or_zero(v, 0);
-  p.v_row_stride = stride_or_zero(v, 1);
-  p.v_head_stride = stride_or_zero(v, 2);
-  p.o_batch_stride = out.stride(0);
-  p.o_row_stride = out.stride(1);
-  p.o_head_stride = out.stride(2);
-  p.lse_batch_stride = lse.stride(0);
-  p.lse_head_stride = lse.stride(1);
-  p.batch = static_cast<int>(B);
-  p.seqlen_q = static_cast<int>(Sq);
-  p.seqlen_k = static_cast<int>(Sk);
-  p.heads_q = static_cast<int>(Hq);
-  p.heads_k = static_cast<int>(Hk);
-  p.head_ratio = static_cast<int>(Hq / Hk);
-  p.head_ratio_magic = fwd_head_ratio_magic(p.head_ratio);
-  p.headdim = static_cast<int>(D);
-  p.scale = static_cast<float>(scale);
-  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-  p.causal = causal;
+  const FwdParams p = make_fwd_params(q, k, v, out, lse, dims, scale, causal);
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
   err = kernel->launch(p, stream);
