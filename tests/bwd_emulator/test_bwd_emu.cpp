@@ -1,0 +1,172 @@
+// CPU emulation of the flashop backward kernels (csrc/cuda/sm80/bwd_kernel.cuh built with
+// FLASHOP_BWD_EMULATE against bwd_emulate.cuh): every thread of a block runs as a fiber, the mma,
+// ldmatrix and cp.async instructions are emulated from their PTX definitions, and dQ/dK/dV are
+// compared with a float64 reference. Run by tests/test_bwd_emulator.py:
+//   test_bwd_emu <config|all> <lazy|eager> <rr|serial|reverse|random> [- edge]
+// lazy/eager: cp.async lands at its wait / at issue; serial/reverse: one warp runs ahead until a
+// barrier stops it, which exposes a missing __syncthreads.
+#define FLASHOP_BWD_EMULATE 1
+#include "sm80/bwd_kernel.cuh"
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace flashop;
+
+template <typename Elem> float to_f(Elem x);
+template <> float to_f<__half>(__half x) { return __half2float(x); }
+template <> float to_f<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename Elem> Elem from_f(float x);
+template <> __half from_f<__half>(float x) { return __float2half(x); }
+template <> __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+
+struct Problem { int B, Sq, Sk, Hq, Hk; bool causal; bool det; int head_pad; float scale_mul; };
+
+template <class Cfg>
+bool run_case(const Problem& pr, unsigned seed, bool verbose = true) {
+  using Elem = typename sm80::bwd::ElemOf<Cfg::kDType>::type;
+  constexpr int D = Cfg::kHeadDim;
+  const int B = pr.B, Sq = pr.Sq, Sk = pr.Sk, Hq = pr.Hq, Hk = pr.Hk, ratio = Hq / Hk;
+  const double scale = pr.scale_mul / std::sqrt(double(D));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  // Layout (B, S, H, Dpad): head stride Dpad >= D (multiple of 8) to test strides.
+  const int Dp = D + pr.head_pad;
+  auto alloc = [&](int S, int H) { return std::vector<Elem>(size_t(B) * S * H * Dp + 64, from_f<Elem>(NAN)); };
+  auto idx = [&](int S, int H, int b, int s, int h, int d) { return ((size_t(b) * S + s) * H + h) * Dp + d; };
+  std::vector<Elem> q = alloc(Sq, Hq), k = alloc(Sk, Hk), v = alloc(Sk, Hk), o = alloc(Sq, Hq), dout = alloc(Sq, Hq);
+  for (int b = 0; b < B; ++b) for (int s = 0; s < Sq; ++s) for (int h = 0; h < Hq; ++h) for (int d = 0; d < D; ++d) {
+    q[idx(Sq, Hq, b, s, h, d)] = from_f<Elem>(nd(rng)); dout[idx(Sq, Hq, b, s, h, d)] = from_f<Elem>(nd(rng)); }
+  for (int b = 0; b < B; ++b) for (int s = 0; s < Sk; ++s) for (int h = 0; h < Hk; ++h) for (int d = 0; d < D; ++d) {
+    k[idx(Sk, Hk, b, s, h, d)] = from_f<Elem>(nd(rng)); v[idx(Sk, Hk, b, s, h, d)] = from_f<Elem>(nd(rng)); }
+  std::vector<float> lse(size_t(B) * Hq * Sq);
+  // reference forward + backward in double
+  std::vector<double> rdq(size_t(B) * Sq * Hq * D, 0), rdk(size_t(B) * Sk * Hk * D, 0), rdv(size_t(B) * Sk * Hk * D, 0);
+  const int diag = Sk - Sq;
+  std::vector<double> P(size_t(Sq) * Sk), dP(size_t(Sq) * Sk);
+  for (int b = 0; b < B; ++b) for (int h = 0; h < Hq; ++h) {
+    const int hk = h / ratio;
+    for (int i = 0; i < Sq; ++i) {
+      double mx = -INFINITY;
+      for (int j = 0; j < Sk; ++j) {
+        double sc = 0; for (int d = 0; d < D; ++d) sc += double(to_f(q[idx(Sq, Hq, b, i, h, d)])) * to_f(k[idx(Sk, Hk, b, j, hk, d)]);
+        sc *= scale;
+        if (pr.causal && j > i + diag) sc = -INFINITY;
+        P[size_t(i) * Sk + j] = sc; mx = std::max(mx, sc);
+      }
+      double l = 0;
+      if (mx == -INFINITY) { for (int j = 0; j < Sk; ++j) P[size_t(i) * Sk + j] = 0; lse[(size_t(b) * Hq + h) * Sq + i] = -INFINITY; }
+      else {
+        for (int j = 0; j < Sk; ++j) l += std::exp(P[size_t(i) * Sk + j] - mx);
+        const double L = mx + std::log(l);
+        lse[(size_t(b) * Hq + h) * Sq + i] = float(L);
+        for (int j = 0; j < Sk; ++j) P[size_t(i) * Sk + j] = std::exp(P[size_t(i) * Sk + j] - L);
+      }
+      for (int d = 0; d < D; ++d) { double acc = 0; for (int j = 0; j < Sk; ++j) acc += P[size_t(i) * Sk + j] * to_f(v[idx(Sk, Hk, b, j, hk, d)]); o[idx(Sq, Hq, b, i, h, d)] = from_f<Elem>(float(acc)); }
+    }
+    for (int i = 0; i < Sq; ++i) {
+      double Di = 0; for (int d = 0; d < D; ++d) Di += double(to_f(dout[idx(Sq, Hq, b, i, h, d)])) * to_f(o[idx(Sq, Hq, b, i, h, d)]);
+      for (int j = 0; j < Sk; ++j) {
+        double dp = 0; for (int d = 0; d < D; ++d) dp += double(to_f(dout[idx(Sq, Hq, b, i, h, d)])) * to_f(v[idx(Sk, Hk, b, j, hk, d)]);
+        dP[size_t(i) * Sk + j] = P[size_t(i) * Sk + j] * (dp - Di);  // dS
+      }
+    }
+    for (int i = 0; i < Sq; ++i) for (int d = 0; d < D; ++d) { double acc = 0; for (int j = 0; j < Sk; ++j) acc += dP[size_t(i) * Sk + j] * to_f(k[idx(Sk, Hk, b, j, hk, d)]); rdq[((size_t(b) * Sq + i) * Hq + h) * D + d] = acc * scale; }
+    for (int j = 0; j < Sk; ++j) for (int d = 0; d < D; ++d) {
+      double ak = 0, av = 0;
+      for (int i = 0; i < Sq; ++i) { ak += dP[size_t(i) * Sk + j] * to_f(q[idx(Sq, Hq, b, i, h, d)]); av += P[size_t(i) * Sk + j] * to_f(dout[idx(Sq, Hq, b, i, h, d)]); }
+      rdk[((size_t(b) * Sk + j) * Hk + hk) * D + d] += ak * scale; rdv[((size_t(b) * Sk + j) * Hk + hk) * D + d] += av;
+    }
+  }
+  // kernel
+  std::vector<Elem> dq(size_t(B) * Sq * Hq * D, from_f<Elem>(NAN)), dk(size_t(B) * Sk * Hk * D, from_f<Elem>(NAN)), dv(size_t(B) * Sk * Hk * D, from_f<Elem>(NAN));
+  const BwdWorkspaceSizes ws = bwd_workspace_sizes(B, Hq, Sq, D, Cfg::kBlockM, pr.det);
+  std::vector<float> dq_accum(ws.dq_accum, NAN), dsum(ws.dsum, NAN), lse2(ws.lse_log2, NAN);
+  std::vector<int> sem(ws.dq_semaphore + 1, 12345);
+  BwdParams p{};
+  p.q = q.data(); p.k = k.data(); p.v = v.data(); p.out = o.data(); p.dout = dout.data(); p.lse = lse.data();
+  p.dq = dq.data(); p.dk = dk.data(); p.dv = dv.data();
+  p.dq_accum = dq_accum.data(); p.dsum = dsum.data(); p.lse_log2 = lse2.data(); p.dq_semaphore = pr.det ? sem.data() : nullptr;
+  p.q_batch_stride = int64_t(Sq) * Hq * Dp; p.q_row_stride = int64_t(Hq) * Dp; p.q_head_stride = Dp;
+  p.k_batch_stride = int64_t(Sk) * Hk * Dp; p.k_row_stride = int64_t(Hk) * Dp; p.k_head_stride = Dp;
+  p.v_batch_stride = p.k_batch_stride; p.v_row_stride = p.k_row_stride; p.v_head_stride = Dp;
+  p.o_batch_stride = p.q_batch_stride; p.o_row_stride = p.q_row_stride; p.o_head_stride = Dp;
+  p.do_batch_stride = p.q_batch_stride; p.do_row_stride = p.q_row_stride; p.do_head_stride = Dp;
+  p.dq_batch_stride = int64_t(Sq) * Hq * D; p.dq_row_stride = int64_t(Hq) * D; p.dq_head_stride = D;
+  p.dk_batch_stride = int64_t(Sk) * Hk * D; p.dk_row_stride = int64_t(Hk) * D; p.dk_head_stride = D;
+  p.dv_batch_stride = p.dk_batch_stride; p.dv_row_stride = p.dk_row_stride; p.dv_head_stride = D;
+  p.lse_batch_stride = int64_t(Hq) * Sq; p.lse_head_stride = Sq;
+  p.batch = B; p.seqlen_q = Sq; p.seqlen_k = Sk; p.seqlen_q_rounded = ws.seqlen_q_rounded; p.heads_q = Hq; p.heads_k = Hk;
+  p.head_ratio = ratio; p.headdim = D; p.num_m_blocks = ws.num_m_blocks;
+  p.scale = float(scale); p.scale_log2 = float(scale * 1.4426950408889634); p.causal = pr.causal; p.deterministic = pr.det;
+  if (!sm80::bwd::emulate_bwd<Cfg>(p)) { printf("params rejected\n"); return false; }
+  auto cmp = [&](const char* name, const std::vector<Elem>& got, const std::vector<double>& ref) {
+    double maxerr = 0, maxref = 0; size_t worst = 0; bool nan = false;
+    for (size_t i = 0; i < ref.size(); ++i) { const double gv = to_f(got[i]); if (!std::isfinite(gv)) { nan = true; worst = i; break; }
+      const double e = std::fabs(gv - ref[i]); if (e > maxerr) { maxerr = e; worst = i; } maxref = std::max(maxref, std::fabs(ref[i])); }
+    const double rel = maxerr / std::max(maxref, 1e-3);
+    const bool ok = !nan && rel < 2e-2;
+    if (verbose || !ok) printf("  %s: max|err| %.3e max|ref| %.3e rel %.2e%s%s (worst idx %zu got %f ref %f)\n", name, maxerr, maxref, rel, nan ? " NaN!" : "", ok ? "" : "  <-- FAIL", worst, double(to_f(got[worst])), ref[worst]);
+    return ok;
+  };
+  bool ok = true;
+  ok &= cmp("dq", dq, rdq); ok &= cmp("dk", dk, rdk); ok &= cmp("dv", dv, rdv);
+  return ok;
+}
+
+template <class Cfg>
+bool run_suite(const char* name, bool quick) {
+  printf("== %s (smem %zu, WarpsN %d WarpsD %d, dQ warps %dx%d)\n", name, Cfg::kSmemBytes, Cfg::kWarpsN, Cfg::kWarpsD, Cfg::kWarpsMdQ, Cfg::kWarpsDdQ);
+  std::vector<Problem> cases = {
+    {1, 100, 77, 2, 1, false, false, 8, 1.0f},
+    {1, 77, 150, 2, 2, true, false, 0, 1.0f},
+    {2, 150, 60, 3, 1, true, true, 0, 1.3f},
+    {1, 64, 128, 1, 1, false, true, 0, 1.0f},
+  };
+  if (quick) {
+    cases = {
+      {1, 1, 1, 1, 1, false, false, 0, 1.0f},
+      {1, 1, 1, 1, 1, true, true, 0, 1.0f},
+      {1, 3, 5, 2, 1, true, false, 16, 1.0f},
+      {1, 300, 20, 2, 2, true, true, 0, 1.0f},
+      {1, 10, 300, 4, 1, true, false, 0, -0.7f},
+      {1, 129, 129, 1, 1, true, true, 0, 1.0f},
+      {3, 33, 65, 4, 2, false, false, 24, 2.0f},
+    };
+  }
+  bool ok = true;
+  unsigned seed = 1;
+  for (const Problem& pr : cases) {
+    printf(" case B=%d Sq=%d Sk=%d Hq=%d Hk=%d causal=%d det=%d pad=%d\n", pr.B, pr.Sq, pr.Sk, pr.Hq, pr.Hk, pr.causal, pr.det, pr.head_pad);
+    ok &= run_case<Cfg>(pr, seed++);
+  }
+  return ok;
+}
+
+int main(int argc, char** argv) {
+  std::string which = argc > 1 ? argv[1] : "all";
+  bool eager = argc > 2 && std::string(argv[2]) == "eager";
+  std::string sched = argc > 3 ? argv[3] : "rr";
+  emu::state().opt.eager_cp_async = eager;
+  emu::state().opt.schedule = sched == "serial" ? emu::Schedule::kWarpSerial : sched == "reverse" ? emu::Schedule::kWarpReverse : sched == "random" ? emu::Schedule::kRandomWarps : emu::Schedule::kRoundRobin;
+  bool ok = true;
+  int suites = 0;
+  const bool edge = argc > 4 && std::string(argv[4]) == "edge";
+#define CASE(tag, ...) if (which == "all" || which == tag) { ok &= run_suite<BwdConfig<__VA_ARGS__>>(tag, edge); ++suites; }
+  CASE("bf16.d64.bc64.br64.w4", DType::kBf16, 64, 64, 64, 4, 0)
+  CASE("fp16.d32.bc32.br32.w2", DType::kFp16, 32, 32, 32, 2, 0)
+  CASE("bf16.d128.bc128.br64.w8", DType::kBf16, 128, 128, 64, 8, 0)
+  CASE("bf16.d128.bc128.br64.w8.k32", DType::kBf16, 128, 128, 64, 8, kBwdFlagKeys32)
+  CASE("fp16.d96.bc64.br64.w8", DType::kFp16, 96, 64, 64, 8, 0)
+  CASE("bf16.d256.bc64.br64.w8.q1", DType::kBf16, 256, 64, 64, 8, kBwdFlagSingleBuffer)
+  CASE("fp16.d192.bc64.br64.w8.k32.q1", DType::kFp16, 192, 64, 64, 8, kBwdFlagKeys32 | kBwdFlagSingleBuffer)
+  if (suites == 0) {  // an unknown config name must not pass by testing nothing
+    printf("no config named %s\n", which.c_str());
+    return 2;
+  }
+  printf(ok ? "ALL OK (%d configs)\n" : "FAILURES\n", suites);
+  return ok ? 0 : 1;
+}

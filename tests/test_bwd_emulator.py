@@ -1,0 +1,32 @@
+"""The CUDA backward kernels on a CPU emulator (tests/bwd_emulator/test_bwd_emu.cpp): their index
+math, fragment layouts and barriers checked against a float64 reference without a GPU. Needs g++
+and the CUDA headers (for the half/bfloat16 types); skipped where they are absent."""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from test_cuda_sources import CUDA_INCLUDE, ROOT
+
+pytestmark = pytest.mark.skipif(CUDA_INCLUDE is None or shutil.which("g++") is None,
+                                reason="needs g++ and the CUDA headers")
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    binary = str(tmp_path_factory.mktemp("emu") / "test_bwd_emu")
+    cmd = ["g++", "-std=c++17", "-O1", "-Wno-unknown-pragmas", f"-I{os.path.join(ROOT, 'csrc', 'cuda')}",
+           f"-I{CUDA_INCLUDE}", os.path.join(ROOT, "tests", "bwd_emulator", "test_bwd_emu.cpp"), "-o", binary]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return binary
+
+
+@pytest.mark.parametrize("mode", [("lazy", "rr"), ("eager", "reverse", "-", "edge")],
+                         ids=["interleaved", "warp-runs-ahead-edge-shapes"])
+def test_backward_kernels_on_the_emulator(emulator, mode):
+    result = subprocess.run([emulator, "all", *mode], capture_output=True, text=True, timeout=900)
+    tail = result.stdout[-4000:]
+    assert result.returncode == 0 and "ALL OK" in result.stdout, tail
+    assert "FAIL" not in result.stdout, tail
