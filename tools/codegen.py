@@ -67,3 +67,18 @@ def check_unique(configs, what: str) -> None:
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate {what} configs: " + ", ".join(sorted({n for n in names if names.count(n) > 1})))
+
+
+def registry_source(marker: str, what: str, header_include: str, struct: str, getter: str, entries: list) -> str:
+    """A registry .cu: `const <struct> kKernels[]` of the given C++ initialisers, plus `<getter>()` and
+    `num_<getter>()` in namespace flashop."""
+    lines = [marker, f"// The table of built {what} kernels (see csrc/cuda/{header_include.rsplit('/', 1)[-1]}).",
+             f'#include "{header_include}"', "", "namespace flashop {", "namespace {", ""]
+    if entries:
+        lines += [f"const {struct} kKernels[] = {{", *entries, "};",
+                  "constexpr int kNumKernels = int(sizeof(kKernels) / sizeof(kKernels[0]));"]
+    else:
+        lines += [f"const {struct}* const kKernels = nullptr;", "constexpr int kNumKernels = 0;"]
+    lines += ["", "}  // namespace", "", f"const {struct}* {getter}() {{ return kKernels; }}",
+              f"int num_{getter}() {{ return kNumKernels; }}", "", "}  // namespace flashop", ""]
+    return "\n".join(lines)

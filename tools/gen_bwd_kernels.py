@@ -64,40 +64,14 @@ template cudaError_t flashop::sm80::launch_bwd<{c}>(const ::flashop::BwdParams&,
 
 
 def registry_source(configs, out_dir: str) -> str:
-    lines = [
-        MARKER,
-        "// The table of built backward kernels (see csrc/cuda/bwd_registry.h).",
-        f'#include "{codegen.include_path(out_dir, "bwd_registry.h")}"',
-        "",
-        "namespace flashop {",
-        "namespace {",
-        "",
-    ]
     entries = []
     for cfg in configs:
         dt = "DType::kFp16" if cfg.dtype == "fp16" else "DType::kBf16"
         entries.append(
             f'    {{"{cfg.name}", {{{dt}, {cfg.headdim}, {cfg.block_n}, {cfg.block_m}, {cfg.warps}, '
             f"{cfg.flag_bits}u}},\n     &sm80::launch_bwd<{_cpp_config(cfg)}>, {cfg.smem_bytes()}}},")
-    if entries:
-        lines.append("const BwdKernel kKernels[] = {")
-        lines.extend(entries)
-        lines.append("};")
-        lines.append("constexpr int kNumKernels = int(sizeof(kKernels) / sizeof(kKernels[0]));")
-    else:
-        lines.append("const BwdKernel* const kKernels = nullptr;")
-        lines.append("constexpr int kNumKernels = 0;")
-    lines += [
-        "",
-        "}  // namespace",
-        "",
-        "const BwdKernel* bwd_kernels() { return kKernels; }",
-        "int num_bwd_kernels() { return kNumKernels; }",
-        "",
-        "}  // namespace flashop",
-        "",
-    ]
-    return "\n".join(lines)
+    return codegen.registry_source(MARKER, "backward", codegen.include_path(out_dir, "bwd_registry.h"), "BwdKernel",
+                                   "bwd_kernels", entries)
 
 
 def generate(out_dir: str | None = None, names_filter=None) -> list:

@@ -55,15 +55,6 @@ template cudaError_t flashop::sm80::launch_fwd<{c}>(const ::flashop::FwdParams&,
 
 
 def registry_source(configs, out_dir: str) -> str:
-    lines = [
-        MARKER,
-        "// The table of built forward kernels (see csrc/cuda/registry.h).",
-        f'#include "{codegen.include_path(out_dir, "registry.h")}"',
-        "",
-        "namespace flashop {",
-        "namespace {",
-        "",
-    ]
     entries = []
     for cfg in configs:
         c = _cpp_config(cfg)
@@ -73,25 +64,8 @@ def registry_source(configs, out_dir: str) -> str:
             f"     {{{dt}, {cfg.headdim}, {cfg.block_m}, {cfg.block_n}, {cfg.warps}, "
             f"{cfg.flag_bits}u}}, {cfg.min_sm}, {cfg.smem_bytes()}, {cfg.threads}}},"
         )
-    if entries:
-        lines.append("const FwdKernel kKernels[] = {")
-        lines.extend(entries)
-        lines.append("};")
-        lines.append("constexpr int kNumKernels = int(sizeof(kKernels) / sizeof(kKernels[0]));")
-    else:
-        lines.append("const FwdKernel* const kKernels = nullptr;")
-        lines.append("constexpr int kNumKernels = 0;")
-    lines += [
-        "",
-        "}  // namespace",
-        "",
-        "const FwdKernel* fwd_kernels() { return kKernels; }",
-        "int num_fwd_kernels() { return kNumKernels; }",
-        "",
-        "}  // namespace flashop",
-        "",
-    ]
-    return "\n".join(lines)
+    return codegen.registry_source(MARKER, "forward", codegen.include_path(out_dir, "registry.h"), "FwdKernel",
+                                   "fwd_kernels", entries)
 
 
 def generate(out_dir: str | None = None, configs=None) -> list:
