@@ -1,9 +1,12 @@
 """Every bad input gets a clear error naming the argument and the expectation, in eager mode and at
 trace time under torch.compile (from the fake kernel), with the same message."""
-import expecttest
+import pytest
 import torch
 
 import flashop
+
+# Inline expected messages; machines without expecttest (an offline GPU box) skip this module.
+expecttest = pytest.importorskip("expecttest")
 
 
 def qkv(b=1, sq=8, sk=8, hq=2, hk=2, d=16, dtype=torch.float32):
