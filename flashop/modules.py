@@ -3,7 +3,6 @@ flash_attn.modules.mha (FlashSelfAttention, FlashCrossAttention, MHA), so a
 model swaps an import. Parameter names match too, so state dicts load."""
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from .ops import flash_attn_kvpacked_func, flash_attn_qkvpacked_func

@@ -3,7 +3,6 @@ of the sm80 kernels (tools/check_sm80_layouts.py), and nvcc compiling a represen
 sm_80 so a syntax or template error fails CI. Skipped only where nvcc is absent."""
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -60,7 +59,7 @@ def test_generator_output(tmp_path):
     registry = (tmp_path / "registry_fwd.cu").read_text()
     for config in configs:
         assert f'"{config.name}"' in registry
-        assert f"launch_fwd<" in (tmp_path / gen.file_name(config)).read_text()
+        assert "launch_fwd<" in (tmp_path / gen.file_name(config)).read_text()
     # Unchanged files are not rewritten (ninja stays incremental); dropped configs are removed.
     mtimes = {p: os.stat(p).st_mtime_ns for p in paths}
     assert gen.generate(str(tmp_path), configs) == paths

@@ -90,10 +90,12 @@ def test_forward_empty(device, sizes):
     assert torch.all(out == 0) and torch.all(torch.isneginf(lse))  # no keys: zero output, -inf LSE
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", [d for d in DEVICES if not isinstance(d, str)])  # the CUDA param only
 def test_forward_writes_every_element(device):
     """Poison the blocks the outputs will be allocated from (the CUDA caching allocator hands a freed
-    block of the same size straight back) so an unwritten element shows up as NaN."""
+    block of the same size straight back) so an unwritten element shows up as NaN. The CPU allocator
+    returns fresh pages, so there this would prove nothing; the CPU outputs are checked element by
+    element against the reference above."""
     q, k, v = make_qkv((2, 131, 67, 4, 4, 64), torch.bfloat16, device)
     poison = [torch.full_like(q, float("nan")), torch.full((2, 4, 131), float("nan"), device=device)]
     del poison

@@ -161,27 +161,3 @@ def test_wrong_headdim():
     q = rand(1, 8, 1, 64, torch.bfloat16)
     with pytest.raises(RuntimeError, match="head dimension"):
         sm90.forward(q, q, q, 0.1, False, names[0])
-
-
-def test_timing_print():
-    """Not an assertion: prints TFLOP/s for the built configs at a typical shape."""
-    for name in built():
-        dtype, D, _, _ = parse(name)
-        B, S, H = 4, 4096, 16 if D == 128 else 32
-        q, k, v = rand(B, S, H, D, dtype), rand(B, S, H, D, dtype), rand(B, S, H, D, dtype)
-        for causal in (False, True):
-            fn = lambda: sm90.forward(q, k, v, 1.0 / math.sqrt(D), causal, name)  # noqa: E731
-            for _ in range(3):
-                fn()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            iters = 20
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            torch.cuda.synchronize()
-            ms = start.elapsed_time(end) / iters
-            flops = 4 * B * H * S * S * D / (2 if causal else 1)
-            print(f"{name} causal={causal} B={B} S={S} H={H}: {ms:.3f} ms, "
-                  f"{flops / ms / 1e9:.1f} TFLOP/s")
