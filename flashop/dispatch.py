@@ -150,10 +150,19 @@ def heuristic_order(problem: "Problem") -> list:
         return order
     # d192/d256: 128-row tiles need 8 warps and one block per SM; on short (or causal, hence lighter)
     # problems two 64-row blocks per SM win.
-    short = seqlen <= (2048 if causal else 512)
+    short = seqlen <= (4096 if causal else 2048)
     large = [(128, 64, 8, ()), (128, 64, 8, _KV2)]
     small = [(64, 64, 4, ()), (64, 64, 4, _KV2), (64, 32, 4, ())]
     return small + large if short else large + small
+
+
+def hopper_min_seqlen_k(problem: "Problem") -> int:
+    """Shortest key length from which the Hopper kernel beats the mma.sync ones (measured on an H200,
+    docs/policy_forward.md). At headdim 64 its fixed cost per query tile (one producer warpgroup, Q by
+    TMA, the ping-pong start-up) is not yet paid back by a short key loop."""
+    if problem.headdim <= 64:
+        return 4096 if problem.causal else 2048
+    return 0
 
 
 def _shape_of(config: KernelConfig):
@@ -203,7 +212,7 @@ def choose_config(device: DeviceInfo, problem: Problem, built: list[str], tuned:
         # Backward configs are listed best first per headdim (flashop/configs.py, BACKWARD_CONFIGS).
         return pool[0].name, "backward default: first listed config that is built and fits"
     hopper = [c for c in pool if isinstance(c, HopperConfig) and c.pingpong]
-    if hopper:
+    if hopper and problem.seqlen_k >= hopper_min_seqlen_k(problem):
         return hopper[0].name, "heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0"
     pool = [c for c in pool if isinstance(c, KernelConfig)]
     order = heuristic_order(problem)

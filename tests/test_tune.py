@@ -9,6 +9,7 @@ import torch
 import flashop
 from flashop import dispatch
 from flashop.dispatch import Problem
+from flashop.tune import TIE_TOLERANCE
 from conftest import CUDA
 from reference import attention_reference
 
@@ -24,7 +25,8 @@ def test_tune_cuda_small_sweep_end_to_end(tmp_path, monkeypatch):
     assert len(results) == 2
     cached = dispatch.read_cache()[dispatch.DeviceInfo.of(torch.cuda.current_device()).name]
     for key, (best, times) in results.items():
-        assert cached[key] == best and times[best] == min(times.values())
+        # The fastest, or the heuristic's pick when it is within the tie tolerance of the fastest.
+        assert cached[key] == best and times[best] <= min(times.values()) * (1 + TIE_TOLERANCE)
     # A later process picks the tuned entry up by itself.
     script = ("import torch, flashop; from flashop import dispatch; "
               "q = torch.randn(2, 1024, 4, 64, device='cuda', dtype=torch.bfloat16); "
