@@ -62,8 +62,10 @@ def tune(problems=None, device=None, write=True, progress=True, quiet=False):
         times = _time_candidates(problem, batch, heads, pool, index)
         best = _pick(times, dispatch.choose_config(info, problem, built)[0])
         results[dispatch.bucket_key(problem)] = (best, times)
-        if not quiet:
-            tqdm.write(f"{dispatch.bucket_key(problem)}: {best} {times[best]:.3f} ms")
+        if not quiet:  # every candidate, fastest first, as a fraction of the fastest's speed
+            fastest = min(times.values())
+            ranking = ", ".join(f"{name} {fastest / ms:.3f}" for name, ms in sorted(times.items(), key=lambda kv: kv[1]))
+            tqdm.write(f"{dispatch.bucket_key(problem)}: picked {best} {times[best]:.3f} ms; {ranking}")
     if write and results:
         path = dispatch.write_cache({info.name: {key: best for key, (best, _) in results.items()}})
         if not quiet:

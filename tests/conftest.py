@@ -6,6 +6,10 @@ import torch
 import flashop  # noqa: F401  (registers the ops)
 
 CUDA = torch.cuda.is_available()
+
+# A crash in native code prints its C++ stack, not only the Python one (faulthandler).
+if hasattr(torch._C, "_set_print_stack_traces_on_fatal_signal"):
+    torch._C._set_print_stack_traces_on_fatal_signal(True)
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")),
