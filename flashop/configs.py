@@ -464,9 +464,14 @@ def select_backward(names_filter=None, configs=None) -> list:
 
 # ---------------------------------------------------------------- Hopper forward kernels (flashop._C_sm90)
 #
-# Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp]. wgmma + TMA, one producer and two consumer warpgroups;
-# "nopp" drops the ping-pong barriers that let one consumer's softmax run under the other's GEMMs.
+# Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.tmao|.pers]. wgmma + TMA, one producer and two consumer
+# warpgroups; "nopp" drops the ping-pong barriers that let one consumer's softmax run under the other's GEMMs;
+# "tmao" writes O through shared memory (the dead Q tile) with a TMA store; "pers" is the persistent kernel
+# (one CTA per SM walking the tiles; it always uses the TMA store, so "pers" implies "tmao").
 # Built for sm_90a only: they run on compute capability 9.0 exactly.
+
+_HOPPER_SUFFIXES = ("nopp", "tmao", "pers")
+
 
 @dataclass(frozen=True)
 class HopperConfig:
@@ -475,25 +480,39 @@ class HopperConfig:
     block_m: int = 128
     block_n: int = 128
     pingpong: bool = True
+    tma_store: bool = False
+    persistent: bool = False
+
+    def __post_init__(self):
+        if self.persistent and not self.tma_store:
+            raise ValueError("HopperConfig: persistent implies tma_store (the 'pers' kernel stages O in shared memory)")
 
     @property
     def name(self) -> str:
-        return f"sm90.{self.dtype}.d{self.headdim}.br{self.block_m}.bc{self.block_n}" + ("" if self.pingpong else ".nopp")
+        return (f"sm90.{self.dtype}.d{self.headdim}.br{self.block_m}.bc{self.block_n}"
+                + ("" if self.pingpong else ".nopp")
+                + (".pers" if self.persistent else ".tmao" if self.tma_store else ""))
 
     def runs_on(self, capability: tuple) -> bool:
         return tuple(capability) == (9, 0)
 
     def smem_bytes(self) -> int:
-        """Q tile + 2 stages x (K + V tiles) + 1024 B alignment slack + the mbarriers (csrc/cuda/sm90)."""
-        return ELEMENT_BYTES * self.headdim * (self.block_m + 4 * self.block_n) + 1080
+        """Q tile + 2 stages x (K + V tiles) + 1024 B alignment slack + the mbarriers (csrc/cuda/sm90):
+        7, one more (q_empty) in the persistent kernel. The TMA-store epilogue reuses the Q tile."""
+        barriers = 7 + (1 if self.persistent else 0)
+        return ELEMENT_BYTES * self.headdim * (self.block_m + 4 * self.block_n) + 1024 + 8 * barriers
 
     @classmethod
     def parse(cls, name: str) -> "HopperConfig":
         parts = name.split(".")
-        if len(parts) not in (5, 6) or parts[0] != "sm90" or (len(parts) == 6 and parts[5] != "nopp"):
-            raise ValueError(f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp]")
+        suffixes = parts[5:]
+        if len(parts) < 5 or parts[0] != "sm90" or any(x not in _HOPPER_SUFFIXES for x in suffixes):
+            raise ValueError(
+                f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.tmao|.pers]")
         try:
-            config = cls(parts[1], int(parts[2][1:]), int(parts[3][2:]), int(parts[4][2:]), len(parts) == 5)
+            persistent = "pers" in suffixes
+            config = cls(parts[1], int(parts[2][1:]), int(parts[3][2:]), int(parts[4][2:]), "nopp" not in suffixes,
+                         "tmao" in suffixes or persistent, persistent)
         except ValueError:
             raise ValueError(f"Hopper kernel config {name!r}: malformed field") from None
         if config.name != name:
@@ -501,6 +520,9 @@ class HopperConfig:
         return config
 
 
+# The plain-store configs first: the policy takes the first ping-pong config of a dtype and headdim.
 HOPPER_FORWARD_CONFIGS = tuple(
     HopperConfig(dtype, d, pingpong=pp) for dtype in DTYPES for d in (64, 128) for pp in (True, False)
-    if pp or dtype == "bf16")
+    if pp or dtype == "bf16") + tuple(
+    HopperConfig(dtype, d, tma_store=True, persistent=pers) for pers in (False, True) for dtype in DTYPES
+    for d in (64, 128))

@@ -2,8 +2,10 @@
 # The GPU machine in one command: build with all cores, CUDA tests, compute-sanitizer on small
 # shapes, the CUDA benchmark; logs, the report (markdown + PNG) and the build report under $OUT.
 #
-#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick] [policy]   (none named: build test sanitize bench)
+#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick] [compare] [policy]   (none named: build test sanitize bench)
 #
+# compare: every candidate config timed per shape, relative to the fastest (no cache written);
+#   COMPARE_ARGS narrows it (flashop.tune arguments), e.g. "--headdims 128 --directions backward".
 # policy: tune, then measure the policy's picks against the best config per shape.
 # quick: a short benchmark (seqlens 1k/4k/16k, d64/d128, bf16). Extra arguments for the benchmark
 # go in BENCH_ARGS. Offline wheels under .whl/ (e.g. expecttest) are installed first.
@@ -56,6 +58,11 @@ if has quick; then
   step "quick bench"
   python3 -m flashop.bench --device cuda --out-dir "$OUT" --dtypes bf16 --headdims 64 128 --seqlens 1024 4096 16384 \
     ${BENCH_ARGS:-} 2>&1 | grep -v "it/s\]" | tail -30
+fi
+if has compare; then
+  step "compare configs"
+  python3 -m flashop.tune --dry-run ${COMPARE_ARGS:---dtypes bf16 --headdims 64 128 --seqlens 1024 4096 16384} 2>&1 \
+    | grep -v "it/s\]" | tee "$OUT/compare.log" | cut -c1-400
 fi
 if has policy; then
   step "policy vs best (tunes into a scratch cache)"

@@ -71,12 +71,45 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
                       p.v_batch_stride, p.v_row_stride, p.v_head_stride, T::kBlockN);
   if (err != cudaSuccess) return err;
 
-  auto kernel = fwd_kernel_sm90<T>;
-  // The attribute is per device; setting it on every launch is cheap and safe.
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  const dim3 grid((p.seqlen_q + T::kBlockM - 1) / T::kBlockM, p.heads_q, p.batch);
-  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, p);
+  const int q_tiles = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  if constexpr (!T::kTmaStore) {
+    auto kernel = fwd_kernel_sm90<T>;
+    // The attribute is per device; setting it on every launch is cheap and safe.
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    const dim3 grid(q_tiles, p.heads_q, p.batch);
+    kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, p);
+  } else {
+    // O: always a fresh contiguous (B, Sq, Hq, D) tensor (allocate_forward_outputs),
+    // 16-byte aligned, strides (Sq*Hq*D, Hq*D, D) elements: multiples of 16 bytes.
+    // Row extent = the true Sq, so the TMA store drops rows >= Sq of the last
+    // query tile (and never spills into the next head); box = 64 rows x 64
+    // columns, one per consumer warpgroup and column block; same 128B swizzle
+    // as the loads (the kernel stages O in that layout).
+    CUtensorMap to;
+    err = encode_bshd(&to, T::kBf16, p.out, p.batch, p.seqlen_q, p.heads_q, p.headdim,
+                      p.o_batch_stride, p.o_row_stride, p.o_head_stride, T::kOStageRows);
+    if (err != cudaSuccess) return err;
+    auto kernel = fwd_kernel_sm90_tmao<T>;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    dim3 grid(q_tiles, p.heads_q, p.batch);
+    if constexpr (T::kPersistent) {
+      // One CTA per SM (384 threads x 168 registers and the smem allow only
+      // one), each walking tiles blockIdx.x, +gridDim.x, ... (fwd_kernel.cuh).
+      int device = 0, sms = 0;
+      err = cudaGetDevice(&device);
+      if (err == cudaSuccess)
+        err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      if (err != cudaSuccess) return err;
+      const int64_t tiles = static_cast<int64_t>(q_tiles) * p.heads_q * p.batch;
+      // The kernel counts tiles in int (t + gridDim.x must not overflow); so
+      // many tiles cannot fit in memory anyway.
+      if (tiles + sms >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
+      grid = dim3(static_cast<unsigned>(tiles < sms ? tiles : sms), 1, 1);
+    }
+    kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, to, p);
+  }
   return cudaGetLastError();
 }
 
@@ -86,6 +119,15 @@ using Bf16D128 = Sm90FwdTraits<true, 128, 128, 128>;
 using Fp16D128 = Sm90FwdTraits<false, 128, 128, 128>;
 using Bf16D128NoPP = Sm90FwdTraits<true, 128, 128, 128, false>;
 using Bf16D64NoPP = Sm90FwdTraits<true, 64, 128, 128, false>;
+// O through shared memory and a TMA store ("tmao"); persistent tile scheduler ("pers").
+using Bf16D128Tmao = Sm90FwdTraits<true, 128, 128, 128, true, true>;
+using Fp16D128Tmao = Sm90FwdTraits<false, 128, 128, 128, true, true>;
+using Bf16D64Tmao = Sm90FwdTraits<true, 64, 128, 128, true, true>;
+using Fp16D64Tmao = Sm90FwdTraits<false, 64, 128, 128, true, true>;
+using Bf16D128Pers = Sm90FwdTraits<true, 128, 128, 128, true, true, true>;
+using Fp16D128Pers = Sm90FwdTraits<false, 128, 128, 128, true, true, true>;
+using Bf16D64Pers = Sm90FwdTraits<true, 64, 128, 128, true, true, true>;
+using Fp16D64Pers = Sm90FwdTraits<false, 64, 128, 128, true, true, true>;
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
@@ -102,6 +144,16 @@ const Sm90FwdKernel kKernels[] = {
     // without the consumer ping-pong barriers (A/B, debugging)
     entry<Bf16D128NoPP>("sm90.bf16.d128.br128.bc128.nopp"),
     entry<Bf16D64NoPP>("sm90.bf16.d64.br128.bc128.nopp"),
+    // Listed after the configs above: the policy takes the first ping-pong
+    // config of a dtype/headdim, so these run only when named (or tuned).
+    entry<Bf16D128Tmao>("sm90.bf16.d128.br128.bc128.tmao"),
+    entry<Fp16D128Tmao>("sm90.fp16.d128.br128.bc128.tmao"),
+    entry<Bf16D64Tmao>("sm90.bf16.d64.br128.bc128.tmao"),
+    entry<Fp16D64Tmao>("sm90.fp16.d64.br128.bc128.tmao"),
+    entry<Bf16D128Pers>("sm90.bf16.d128.br128.bc128.pers"),
+    entry<Fp16D128Pers>("sm90.fp16.d128.br128.bc128.pers"),
+    entry<Bf16D64Pers>("sm90.bf16.d64.br128.bc128.pers"),
+    entry<Fp16D64Pers>("sm90.fp16.d64.br128.bc128.pers"),
 };
 
 }  // namespace

@@ -3,7 +3,7 @@
 // warpgroups of 64 query rows each), wgmma for S = Q K^T (both operands from
 // shared memory) and O += P V (P from registers, V MN-major from shared memory).
 //
-// Per CTA: one query tile of kBlockM = 128 rows of one (batch, head).
+// Per tile: one query tile of kBlockM = 128 rows of one (batch, head).
 //   producer (warpgroup 0, setmaxnreg.dec 24; one thread): Q once, then for
 //     every key tile j: wait empty[s] (s = j % 2, from its 2nd use on) ->
 //     expect_tx + TMA K_j -> full_k[s], expect_tx + TMA V_j -> full_v[s]
@@ -15,7 +15,14 @@
 //     end:     O += P_{n-1} V_{n-1}; arrive empty
 //   [turn]/[pass]: named barriers 1/2 ping-pong the two consumers so one's
 //   softmax runs under the other's GEMMs.
-//   epilogue: O /= l, lse = m*scale + ln l; plain stores (rows < Sq).
+//   epilogue: O /= l, lse = m*scale + ln l;
+//     default: plain stores (rows < Sq);
+//     kTmaStore ("tmao"): O -> this warpgroup's own 64-row half of the Q tile in
+//       shared memory (128B swizzle) -> fence.proxy.async -> named barrier 3+c
+//       -> one thread: TMA store (box 64 rows, clipped at Sq), wait for the read.
+//   kPersistent ("pers", implies kTmaStore): grid = #SMs, each CTA walks tiles
+//     blockIdx.x, +gridDim.x, ...; the K/V ring's load counter and the q_full /
+//     q_empty phases run on across tiles (see fwd_sm90_body).
 //
 // Shared-memory tiles are rows of 64 elements (128 bytes) in the TMA/wgmma
 // 128-byte swizzle; a head dimension of D is kept as D/64 such column blocks.
@@ -27,6 +34,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../fwd_params.h"
 #include "primitives.cuh"
@@ -35,12 +43,17 @@
 namespace flashop {
 namespace sm90 {
 
-template <bool kBf16_, int kHeadDim_, int kBlockM_, int kBlockN_, bool kPingPong_ = true>
+template <bool kBf16_, int kHeadDim_, int kBlockM_, int kBlockN_, bool kPingPong_ = true,
+          bool kTmaStore_ = false, bool kPersistent_ = false>
 struct Sm90FwdTraits {
   static constexpr bool kBf16 = kBf16_;
   // Named-barrier ping-pong between the consumer warpgroups (off: "nopp"
   // variant, same loop without the turn barriers; an A/B and debugging aid).
   static constexpr bool kPingPong = kPingPong_;
+  // Epilogue through shared memory (the dead Q tile) and a TMA store ("tmao").
+  static constexpr bool kTmaStore = kTmaStore_;
+  // Persistent CTAs with a static round-robin tile scheduler ("pers").
+  static constexpr bool kPersistent = kPersistent_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -52,6 +65,7 @@ struct Sm90FwdTraits {
   static_assert(kBlockM == 128, "two consumer warpgroups of 64 rows");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
   static_assert(kBlockN == 64 || kBlockN == 128, "wgmma N of S");
+  static_assert(!kPersistent || kTmaStore, "the persistent kernel stages O in the Q tile");
 
   static constexpr int kQBlockBytes = kBlockM * 128;  // one column block of Q
   static constexpr int kKVBlockBytes = kBlockN * 128;
@@ -61,8 +75,17 @@ struct Sm90FwdTraits {
   static constexpr int kKOff = kQOff + kQBytes;
   static constexpr int kVOff = kKOff + kStages * kKVBytes;
   static constexpr int kBarOff = kVOff + kStages * kKVBytes;
-  // barriers: q_full, full_k[2], full_v[2], empty[2]
-  static constexpr int kNumBars = 1 + 3 * kStages;
+  // O staging (kTmaStore): consumer c, column block b at
+  //   kQOff + b * kQBlockBytes + c * kOStageBytes,
+  // i.e. rows 64c .. 64c+63 of Q column block b: exactly the rows consumer c's
+  // S wgmma reads (A descriptor start + c * 64 * 128), so neither consumer ever
+  // touches the other's half. Every staging box is 1024-byte aligned, so the
+  // 128B swizzle (16-byte chunk ^= row % 8) is the same as the loads'.
+  static constexpr int kOStageRows = 64;
+  static constexpr int kOStageBytes = kOStageRows * 128;  // one 64 x 64 box
+  static_assert(kQBlockBytes % 1024 == 0 && kOStageBytes % 1024 == 0, "swizzle atoms");
+  // barriers: q_full, full_k[2], full_v[2], empty[2] (+ q_empty when persistent)
+  static constexpr int kNumBars = 1 + 3 * kStages + (kPersistent ? 1 : 0);
   static constexpr int kSmemUsed = kBarOff + 8 * kNumBars;
   static constexpr int kSmemBytes = kSmemUsed + 1024;  // + slack for 1024-byte alignment
 
@@ -105,10 +128,42 @@ __device__ __forceinline__ int num_key_tiles(const FwdParams& p, int q_tile) {
   return key_end <= 0 ? 0 : (key_end + T::kBlockN - 1) / T::kBlockN;
 }
 
+// The kernel body, shared by both entry points below. tm_o is used only when
+// T::kTmaStore (nullptr otherwise).
+//
+// Persistent scheduler (T::kPersistent): tile t in [0, n_q_tiles * Hq * B) is
+//   q_tile = n_q_tiles - 1 - t % n_q_tiles, head = (t / n_q_tiles) % Hq,
+//   batch = t / (n_q_tiles * Hq)
+// (the order in which the non-persistent grid's blocks are numbered: heaviest
+// causal tiles of a head first); CTA b takes t = b, b + gridDim.x, ...
+// Producer and consumers walk the same tiles and compute the same n_tiles per
+// tile, so they enumerate the same sequence of K/V loads g = 0, 1, 2, ...
+// (running over tile boundaries): load g uses stage g % 2 for the (g / 2)-th
+// time, so full_k/full_v[g % 2] complete their phase g / 2 with it (consumer
+// waits parity (g / 2) & 1) and empty[g % 2] must have completed phase g/2 - 1
+// before it is issued (producer waits parity (g / 2 - 1) & 1 when g >= 2).
+// The ring never re-initialises a barrier.
+// Q / O-staging hand-over, k = index of the tile within this CTA (0, 1, ...):
+//   q_full  (count 1): exactly one phase per tile, phase k. The producer
+//     completes it with expect_tx + TMA Q when the tile has key tiles, with a
+//     plain arrive when it has none. Both consumers wait parity k & 1 on every
+//     tile (also on tiles without keys, where it is only a hand-shake).
+//   q_empty (count 2): exactly one phase per tile, phase k: one arrival per
+//     consumer warpgroup, by the thread that issued its TMA store, after
+//     cp.async.bulk.wait_group.read 0 (the staging = Q smem is free again).
+//     The producer waits parity (k-1) & 1 before it completes q_full phase k
+//     (k >= 1), i.e. before a TMA load may overwrite Q.
+//   No parity aliasing: a consumer reaching q_full phase k has seen phase k-1
+//   complete, and phase k+1 needs q_empty phase k, i.e. its own arrival after
+//   this wait: the barrier is at phase k or k+1 when it waits. The producer
+//   reaching tile k has seen q_empty phase k-2 complete (at tile k-1), and
+//   q_empty phase k needs q_full phase k, which it has not yet completed: the
+//   barrier is at phase k-1 or k. (The q_full hand-shake on key-less tiles is
+//   what keeps consumers from running two q_empty phases ahead.)
 template <class T>
-__global__ void __launch_bounds__(T::kThreads, 1)
-    fwd_kernel_sm90(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ FwdParams p) {
+__device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                              const CUtensorMap* tm_v, const CUtensorMap* tm_o,
+                                              const FwdParams& p) {
 #ifdef FLASHOP_SM90_ENABLED
   constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kD = T::kHeadDim;
   using Elem = typename std::conditional<T::kBf16, __nv_bfloat16, __half>::type;
@@ -123,27 +178,44 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   auto bar_full_k = [&](int s) { return bar_q + 8u * (1 + s); };
   auto bar_full_v = [&](int s) { return bar_q + 8u * (1 + T::kStages + s); };
   auto bar_empty = [&](int s) { return bar_q + 8u * (1 + 2 * T::kStages + s); };
+  const uint32_t bar_q_empty = bar_q + 8u * (1 + 3 * T::kStages);  // kPersistent only
 
-  // Highest query tiles first: under causal masking they see the most keys.
-  const int q_tile = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const int kv_head = head / p.head_ratio;
-  const int n_tiles = num_key_tiles<T>(p, q_tile);
+  // The current tile. Non-persistent: one per CTA, highest query tiles first
+  // (under causal masking they see the most keys).
+  int q_tile = 0, head = 0, batch = 0, n_tiles = 0;
+  if constexpr (!T::kPersistent) {
+    q_tile = gridDim.x - 1 - blockIdx.x;
+    head = blockIdx.y;
+    batch = blockIdx.z;
+    n_tiles = num_key_tiles<T>(p, q_tile);
+  }
+  // Persistent: tile t -> (q_tile, head, batch, n_tiles); see above. The host
+  // guarantees n_q_tiles * Hq * B + gridDim.x < 2^31.
+  const int n_q_tiles = (p.seqlen_q + kBM - 1) / kBM;
+  const int total_tiles = n_q_tiles * p.heads_q * p.batch;
+  auto set_tile = [&](int t) {
+    const int hb = t / n_q_tiles;
+    q_tile = n_q_tiles - 1 - (t - hb * n_q_tiles);
+    batch = hb / p.heads_q;
+    head = hb - batch * p.heads_q;
+    n_tiles = num_key_tiles<T>(p, q_tile);
+  };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
 
   if (tid == 0) {
-    tma_prefetch_desc(&tm_q);
-    tma_prefetch_desc(&tm_k);
-    tma_prefetch_desc(&tm_v);
+    tma_prefetch_desc(tm_q);
+    tma_prefetch_desc(tm_k);
+    tma_prefetch_desc(tm_v);
+    if constexpr (T::kTmaStore) tma_prefetch_desc(tm_o);
     mbar_init(bar_q, 1);
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(bar_full_k(s), 1);
       mbar_init(bar_full_v(s), 1);
       mbar_init(bar_empty(s), 4 * T::kConsumerWGs);  // one arrival per consumer warp
     }
+    if constexpr (T::kPersistent) mbar_init(bar_q_empty, T::kConsumerWGs);  // one per consumer WG
     mbar_init_fence();
   }
   __syncthreads();
@@ -151,25 +223,70 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (wg == 0) {
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<T::kProducerRegs>();
-    if (tid == 0 && n_tiles > 0) {
-      mbar_arrive_expect_tx(bar_q, T::kQBytes);
-#pragma unroll
-      for (int b = 0; b < T::kDBlocks; ++b)
-        tma_load_4d(&tm_q, sQ + b * T::kQBlockBytes, bar_q, b * 64, q_tile * kBM, head, batch);
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % T::kStages;
-        const int use = j / T::kStages;
+    if (tid == 0) {
+      // Key tile j of the current tile as K/V load number g of this CTA.
+      auto load_kv = [&](auto g, int j, int kv_head) {
+        const int s = g % T::kStages;
+        const auto use = g / T::kStages;
         if (use > 0) mbar_wait(bar_empty(s), (use - 1) & 1);
         mbar_arrive_expect_tx(bar_full_k(s), T::kKVBytes);
 #pragma unroll
         for (int b = 0; b < T::kDBlocks; ++b)
-          tma_load_4d(&tm_k, sK + s * T::kKVBytes + b * T::kKVBlockBytes, bar_full_k(s), b * 64,
+          tma_load_4d(tm_k, sK + s * T::kKVBytes + b * T::kKVBlockBytes, bar_full_k(s), b * 64,
                       j * kBN, kv_head, batch);
         mbar_arrive_expect_tx(bar_full_v(s), T::kKVBytes);
 #pragma unroll
         for (int b = 0; b < T::kDBlocks; ++b)
-          tma_load_4d(&tm_v, sV + s * T::kKVBytes + b * T::kKVBlockBytes, bar_full_v(s), b * 64,
+          tma_load_4d(tm_v, sV + s * T::kKVBytes + b * T::kKVBlockBytes, bar_full_v(s), b * 64,
                       j * kBN, kv_head, batch);
+      };
+      auto load_q = [&]() {
+        mbar_arrive_expect_tx(bar_q, T::kQBytes);
+#pragma unroll
+        for (int b = 0; b < T::kDBlocks; ++b)
+          tma_load_4d(tm_q, sQ + b * T::kQBlockBytes, bar_q, b * 64, q_tile * kBM, head, batch);
+      };
+      if constexpr (T::kPersistent) {
+        uint32_t g0 = 0;  // K/V loads issued by this CTA before the current tile
+        uint32_t k = 0;   // index of the current tile within this CTA
+        for (int t = blockIdx.x; t < total_tiles; t += gridDim.x, ++k) {
+          set_tile(t);
+          const int kv_head = head / p.head_ratio;
+          // The first key tiles do not touch Q: issue them (they only wait for
+          // ring slots, freed before the previous tile's epilogue) so that
+          // they load while the consumers still store the previous tile's O.
+          const int pre = min(n_tiles, T::kStages);
+          for (int j = 0; j < pre; ++j) load_kv(g0 + j, j, kv_head);
+          // Q smem = both consumers' O staging: wait until tile k-1's epilogue
+          // is complete in both (their TMA stores have read it).
+          if (k > 0) mbar_wait(bar_q_empty, (k - 1) & 1);
+          if (n_tiles > 0) load_q();
+          else mbar_arrive(bar_q);  // q_full phase k without Q (hand-shake only)
+          // Key tiles >= 2 wait for slots that S_0 / S_1 of this tile free:
+          // they need Q, issued just above.
+          for (int j = pre; j < n_tiles; ++j) load_kv(g0 + j, j, kv_head);
+          g0 += n_tiles;
+        }
+      } else if (n_tiles > 0) {
+        const int kv_head = head / p.head_ratio;
+        load_q();
+        // (Spelled out rather than load_kv(j, j, kv_head): keeps the SASS of
+        // the plain configs identical to what it was before kPersistent.)
+        for (int j = 0; j < n_tiles; ++j) {
+          const int s = j % T::kStages;
+          const int use = j / T::kStages;
+          if (use > 0) mbar_wait(bar_empty(s), (use - 1) & 1);
+          mbar_arrive_expect_tx(bar_full_k(s), T::kKVBytes);
+#pragma unroll
+          for (int b = 0; b < T::kDBlocks; ++b)
+            tma_load_4d(tm_k, sK + s * T::kKVBytes + b * T::kKVBlockBytes, bar_full_k(s), b * 64,
+                        j * kBN, kv_head, batch);
+          mbar_arrive_expect_tx(bar_full_v(s), T::kKVBytes);
+#pragma unroll
+          for (int b = 0; b < T::kDBlocks; ++b)
+            tma_load_4d(tm_v, sV + s * T::kKVBytes + b * T::kKVBlockBytes, bar_full_v(s), b * 64,
+                        j * kBN, kv_head, batch);
+        }
       }
     }
     return;
@@ -183,14 +300,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int lane = ctid % 32;
   // This thread's two rows (within the CTA's query tile) and global query index.
   const int row_in_tile = 64 * c + 16 * warp + lane / 4;
-  const int q_row0 = q_tile * kBM + row_in_tile;  // rows q_row0 and q_row0 + 8
+  int q_row0 = 0;  // q_tile * kBM + row_in_tile: rows q_row0 and q_row0 + 8
   const int col_base = 2 * (lane % 4);
 
   float o[kD / 2];
-#pragma unroll
-  for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY};
-  float l[2] = {0.f, 0.f};  // per-thread partial row sums (reduced over the quad at the end)
+  float m[2];
+  float l[2];  // per-thread partial row sums (reduced over the quad at the end)
   const float sl2 = p.scale_log2;
   const int diag = p.seqlen_k - p.seqlen_q;  // query i sees key j iff j <= i + diag
 
@@ -296,7 +411,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // turn over, so its softmax runs under the other warpgroup's GEMMs.
   // Turns alternate c=0, c=1, c=0, ...; warpgroup 1 opens the first turn of
   // warpgroup 0 and skips the hand-over after its last turn, so every bar.sync
-  // meets exactly one bar.arrive.
+  // meets exactly one bar.arrive. (Persistent: the same per tile. Warpgroup 1
+  // can only open tile k+1 after its last turn of tile k, which needed
+  // warpgroup 0's last hand-over of tile k, i.e. after warpgroup 0's last
+  // bar.sync 1 of tile k: at most one bar.arrive is ever pending per barrier.)
   constexpr int kTurnThreads = 256;
   auto wait_turn = [&]() {
     if constexpr (T::kPingPong) {
@@ -311,76 +429,193 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   };
 
-  if (n_tiles > 0) {
-    if constexpr (T::kPingPong) {
-      if (c == 1) named_bar_arrive<1, kTurnThreads>();
-    }
-    mbar_wait(bar_q, 0);
+  // The 128 threads of this consumer warpgroup (kTmaStore epilogue): named
+  // barrier 3 (consumer 0) or 4 (consumer 1). Compile-time ids, so ptxas
+  // reserves 5 barriers, not all 16.
+  auto epilogue_bar = [&]() {
+    if (c == 0) named_bar_sync<3, 128>();
+    else named_bar_sync<4, 128>();
+  };
 
-    float sacc[kBN / 2];
-    uint32_t pa[kBN / 16][4];
-    float corr[2];
-
-    // tile 0: S only
-    mbar_wait(bar_full_k(0), 0);
-    wait_turn();
-    issue_s(sacc, 0);
-    pass_turn(n_tiles == 1);
-    wgmma_wait<0>();
-    fence_regs(sacc);
-    mask(sacc, 0);
-    softmax(sacc, corr);  // O is still 0: no rescale needed
-    convert_p(sacc, pa);
-
-    for (int j = 1; j < n_tiles; ++j) {
-      const int s = j % T::kStages;
-      const int sp = (j - 1) % T::kStages;
-      mbar_wait(bar_full_k(s), (j / T::kStages) & 1);
-      mbar_wait(bar_full_v(sp), ((j - 1) / T::kStages) & 1);
-      wait_turn();
-      issue_s(sacc, s);   // S_j = Q K_j^T
-      issue_pv(pa, sp);   // O += P_{j-1} V_{j-1}
-      pass_turn(j == n_tiles - 1);
-      wgmma_wait<1>();    // S_j done (PV may still run)
-      fence_regs(sacc);
-      mask(sacc, j);
-      softmax(sacc, corr);
-      wgmma_wait<0>();    // PV done: O and P_{j-1} free again
-      fence_regs(o);
-      release(sp);
-      rescale_o(corr);
-      convert_p(sacc, pa);
-    }
-
-    // last tile's P V
-    const int sl = (n_tiles - 1) % T::kStages;
-    mbar_wait(bar_full_v(sl), ((n_tiles - 1) / T::kStages) & 1);
-    issue_pv(pa, sl);
-    wgmma_wait<0>();
-    fence_regs(o);
-    release(sl);
-  }
-
-  // -------------------------------------------------------------- epilogue
-  Elem* out = reinterpret_cast<Elem*>(p.out) + batch * p.o_batch_stride + head * p.o_head_stride;
-  float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+  // One tile: main loop and epilogue. g0: number of K/V loads of this CTA
+  // before this tile (0 without persistence); q_parity: phase parity of q_full.
+  auto run_tile = [&](auto g0, uint32_t q_parity) {
+    q_row0 = q_tile * kBM + row_in_tile;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = q_row0 + 8 * h;
-    const float sum = quad_sum(l[h]);
-    const bool seen = sum > 0.f;  // no visible key: out = 0, lse = -inf
-    const float inv = seen ? 1.f / sum : 0.f;
-    if (row < p.seqlen_q) {
-      Elem* orow = out + static_cast<int64_t>(row) * p.o_row_stride;
-#pragma unroll
-      for (int i = 0; i < kD / 8; ++i) {
-        const uint32_t v = pack2<T::kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
-        *reinterpret_cast<uint32_t*>(orow + 8 * i + col_base) = v;
+    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+    m[0] = -INFINITY;
+    m[1] = -INFINITY;
+    l[0] = 0.f;
+    l[1] = 0.f;
+    // Persistent: the q_full hand-shake happens on every tile (see above).
+    if constexpr (T::kPersistent) mbar_wait(bar_q, q_parity);
+
+    if (n_tiles > 0) {
+      if constexpr (T::kPingPong) {
+        if (c == 1) named_bar_arrive<1, kTurnThreads>();
       }
-      if ((lane % 4) == 0) lse[row] = seen ? m[h] * p.scale + __logf(sum) : -INFINITY;
+      if constexpr (!T::kPersistent) mbar_wait(bar_q, q_parity);
+
+      float sacc[kBN / 2];
+      uint32_t pa[kBN / 16][4];
+      float corr[2];
+
+      // tile 0: S only (load g0 + 0 -> stage g0 % 2, phase g0 / 2)
+      {
+        const int s0 = g0 % T::kStages;
+        mbar_wait(bar_full_k(s0), (g0 / T::kStages) & 1);
+        wait_turn();
+        issue_s(sacc, s0);
+      }
+      pass_turn(n_tiles == 1);
+      wgmma_wait<0>();
+      fence_regs(sacc);
+      mask(sacc, 0);
+      softmax(sacc, corr);  // O is still 0: no rescale needed
+      convert_p(sacc, pa);
+
+      for (int j = 1; j < n_tiles; ++j) {
+        const auto g = g0 + j;  // K_j's load number; V_{j-1}'s is g - 1
+        const int s = g % T::kStages;
+        const int sp = (g - 1) % T::kStages;
+        mbar_wait(bar_full_k(s), (g / T::kStages) & 1);
+        mbar_wait(bar_full_v(sp), ((g - 1) / T::kStages) & 1);
+        wait_turn();
+        issue_s(sacc, s);   // S_j = Q K_j^T
+        issue_pv(pa, sp);   // O += P_{j-1} V_{j-1}
+        pass_turn(j == n_tiles - 1);
+        wgmma_wait<1>();    // S_j done (PV may still run)
+        fence_regs(sacc);
+        mask(sacc, j);
+        softmax(sacc, corr);
+        wgmma_wait<0>();    // PV done: O and P_{j-1} free again
+        fence_regs(o);
+        release(sp);
+        rescale_o(corr);
+        convert_p(sacc, pa);
+      }
+
+      // last tile's P V
+      const auto gl = g0 + (n_tiles - 1);
+      const int sl = gl % T::kStages;
+      mbar_wait(bar_full_v(sl), (gl / T::kStages) & 1);
+      issue_pv(pa, sl);
+      wgmma_wait<0>();  // also: every wgmma of this warpgroup (reads of Q) is complete
+      fence_regs(o);
+      release(sl);
     }
+
+    // ------------------------------------------------------------ epilogue
+    float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+    if constexpr (!T::kTmaStore) {
+      Elem* out =
+          reinterpret_cast<Elem*>(p.out) + batch * p.o_batch_stride + head * p.o_head_stride;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = q_row0 + 8 * h;
+        const float sum = quad_sum(l[h]);
+        const bool seen = sum > 0.f;  // no visible key: out = 0, lse = -inf
+        const float inv = seen ? 1.f / sum : 0.f;
+        if (row < p.seqlen_q) {
+          Elem* orow = out + static_cast<int64_t>(row) * p.o_row_stride;
+#pragma unroll
+          for (int i = 0; i < kD / 8; ++i) {
+            const uint32_t v = pack2<T::kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+            *reinterpret_cast<uint32_t*>(orow + 8 * i + col_base) = v;
+          }
+          if ((lane % 4) == 0) lse[row] = seen ? m[h] * p.scale + __logf(sum) : -INFINITY;
+        }
+      }
+    } else {
+      // Staging = rows 64c..64c+63 of every Q column block (see the traits).
+      // Q smem is free for this warpgroup: its own wgmmas, the only readers of
+      // these rows, are complete (wait_group 0 above; a wgmma's completion
+      // includes an implicit generic-async proxy fence), the TMA write of Q
+      // completed before they started (q_full), and the previous tile's TMA
+      // store has read it (persistent: wait_group.read + bar 3+c below). With
+      // no key tile, Q was not loaded at all.
+      const uint32_t stage = sQ + c * T::kOStageBytes;
+      // 128B swizzle: row r of a 64 x 64 box at r * 128, 16-byte chunk q at
+      // (q ^ (r % 8)) * 16. This thread's rows r = 16 warp + lane/4 (+8):
+      // r % 8 = lane / 4. n8 block i holds columns 8i + 2(lane%4) + {0,1}: column
+      // block i / 8, chunk i % 8, bytes 4(lane%4) .. +3 of the chunk. For a fixed
+      // i the 8 rows of a warp hit 8 distinct chunks: 32 distinct banks.
+      const int rsw = lane / 4;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = q_row0 + 8 * h;
+        const int r = 16 * warp + lane / 4 + 8 * h;  // row within this warpgroup's 64
+        const float sum = quad_sum(l[h]);
+        const bool seen = sum > 0.f;  // no visible key: out = 0, lse = -inf
+        const float inv = seen ? 1.f / sum : 0.f;
+#pragma unroll
+        for (int i = 0; i < kD / 8; ++i) {
+          const uint32_t v = pack2<T::kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+          const uint32_t addr = stage + (i / 8) * T::kQBlockBytes + r * 128 +
+                                ((((i % 8) ^ rsw) << 4) | (4 * (lane % 4)));
+          st_shared_b32(addr, v);
+        }
+        if (row < p.seqlen_q && (lane % 4) == 0)
+          lse[row] = seen ? m[h] * p.scale + __logf(sum) : -INFINITY;
+      }
+      // Every writer: its st.shared before the async proxy's reads; then all
+      // 128 threads of this warpgroup (bar 3 + c; 1 and 2 are the turns).
+      fence_proxy_async_smem();
+      epilogue_bar();
+      if (ctid == 0) {
+        const int orow0 = q_tile * kBM + 64 * c;
+        // The map's row extent is Sq: rows >= Sq of the box are not written.
+        // A box entirely past Sq (second half of a short last tile) is skipped.
+        if (orow0 < p.seqlen_q) {
+#pragma unroll
+          for (int b = 0; b < T::kDBlocks; ++b)
+            tma_store_4d(tm_o, stage + b * T::kQBlockBytes, b * 64, orow0, head, batch);
+          tma_store_commit();
+          // Staging must stay valid (CTA alive; persistent: not overwritten)
+          // until the store has read it.
+          tma_store_wait_read<0>();
+        }
+        if constexpr (T::kPersistent) mbar_arrive(bar_q_empty);  // tile's q_empty arrival
+      }
+      // Persistent: nobody in this warpgroup writes the staging of the next
+      // tile before the store above has read this one.
+      if constexpr (T::kPersistent) epilogue_bar();
+    }
+  };
+
+  if constexpr (T::kPersistent) {
+    uint32_t g0 = 0;  // K/V loads of this CTA before the current tile (as the producer's)
+    uint32_t k = 0;   // index of the current tile within this CTA: q_full phase k
+    for (int t = blockIdx.x; t < total_tiles; t += gridDim.x, ++k) {
+      set_tile(t);
+      run_tile(g0, k & 1);
+      g0 += n_tiles;
+    }
+  } else {
+    run_tile(0, 0u);
   }
 #endif
+}
+
+// Entry point of the plain-store configs (the kernel parameters are unchanged).
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    fwd_kernel_sm90(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ FwdParams p) {
+  static_assert(!T::kTmaStore, "TMA-store configs launch fwd_kernel_sm90_tmao");
+  fwd_sm90_body<T>(&tm_q, &tm_k, &tm_v, nullptr, p);
+}
+
+// Entry point of the TMA-store configs ("tmao", "pers"): also the map of O.
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    fwd_kernel_sm90_tmao(const __grid_constant__ CUtensorMap tm_q,
+                         const __grid_constant__ CUtensorMap tm_k,
+                         const __grid_constant__ CUtensorMap tm_v,
+                         const __grid_constant__ CUtensorMap tm_o,
+                         const __grid_constant__ FwdParams p) {
+  static_assert(T::kTmaStore, "plain-store configs launch fwd_kernel_sm90");
+  fwd_sm90_body<T>(&tm_q, &tm_k, &tm_v, &tm_o, p);
 }
 
 }  // namespace sm90

@@ -1,5 +1,5 @@
 // Hopper (sm_90a) building blocks for the forward kernel: mbarriers, TMA tensor
-// loads, wgmma shared-memory descriptors, warpgroup fences, setmaxnreg.
+// loads and stores, proxy fences, wgmma shared-memory descriptors, warpgroup fences, setmaxnreg.
 // Every asm body is compiled only for sm_90a (FLASHOP_SM90_ENABLED, set in
 // wgmma.cuh); elsewhere the functions are empty so the host pass and other
 // targets still parse the file.
@@ -77,6 +77,54 @@ __device__ __forceinline__ void tma_load_4d(const void* tmap, uint32_t smem_dst,
       " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_dst),
       "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
+#endif
+}
+
+// 4-D tiled store (coordinates innermost first: d, row, head, batch) of a box
+// from shared memory (laid out as the map's swizzle expects) to global memory,
+// tracked by the issuing thread's bulk async-groups. Box elements outside the
+// tensor's extent are not written (rows >= Sq of the last query tile).
+// The shared-memory source must have been written before, by every writer:
+// st.shared -> fence_proxy_async_smem() -> barrier -> this (one thread).
+__device__ __forceinline__ void tma_store_4d(const void* tmap, uint32_t smem_src, int c0, int c1,
+                                             int c2, int c3) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
+      " [%0, {%2, %3, %4, %5}], [%1];" ::"l"(reinterpret_cast<uint64_t>(tmap)),
+      "r"(smem_src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+#endif
+}
+
+// Closes the issuing thread's pending bulk stores into one bulk async-group.
+__device__ __forceinline__ void tma_store_commit() {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most N of the issuing thread's bulk async-groups still read
+// their shared-memory source (.read: the global writes may still be in flight,
+// the source may be reused or freed).
+template <int N>
+__device__ __forceinline__ void tma_store_wait_read() {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// Orders this thread's earlier generic-proxy shared-memory accesses (st.shared)
+// before later async-proxy accesses (TMA store reading them), and vice versa.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 #endif
 }
 

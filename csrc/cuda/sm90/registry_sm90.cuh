@@ -13,9 +13,11 @@ namespace flashop {
 namespace sm90 {
 
 struct Sm90FwdKernel {
-  const char* name;  // e.g. "sm90.bf16.d128.br128.bc128"
-  // Encodes the q/k/v tensor maps from the params (pointers, sizes, strides),
-  // sets the shared-memory opt-in, launches on `stream`; returns the status.
+  const char* name;  // e.g. "sm90.bf16.d128.br128.bc128", "sm90.bf16.d128.br128.bc128.pers"
+  // Encodes the q/k/v (and, for the TMA-store configs, o) tensor maps from the
+  // params (pointers, sizes, strides), sets the shared-memory opt-in, launches
+  // on `stream` (persistent configs: one CTA per SM of the current device);
+  // returns the status.
   // Needs: 16-byte aligned base pointers, strides (in bytes) multiples of 16.
   cudaError_t (*launch)(const FwdParams&, cudaStream_t);
   DType dtype;
