@@ -471,6 +471,7 @@ def select_backward(names_filter=None, configs=None) -> list:
 # Built for sm_90a only: they run on compute capability 9.0 exactly.
 
 _HOPPER_SUFFIXES = ("nopp", "tmao", "pers")
+_HOPPER_HEADDIMS = (64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -486,6 +487,15 @@ class HopperConfig:
     def __post_init__(self):
         if self.persistent and not self.tma_store:
             raise ValueError("HopperConfig: persistent implies tma_store (the 'pers' kernel stages O in shared memory)")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"HopperConfig: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        # The static_asserts of Sm90FwdTraits (csrc/cuda/sm90/fwd_kernel.cuh).
+        if self.headdim not in _HOPPER_HEADDIMS or self.block_m != 128 or self.block_n not in (64, 128):
+            raise ValueError(f"HopperConfig {self.name!r}: the kernel takes D in {_HOPPER_HEADDIMS}, B_r = 128, "
+                             "B_c 64 or 128")
+        if self.smem_bytes() > MAX_SMEM_BYTES:
+            raise ValueError(f"HopperConfig {self.name!r}: needs {self.smem_bytes()} bytes of shared memory, "
+                             f"more than {MAX_SMEM_BYTES}")
 
     @property
     def name(self) -> str:
@@ -510,19 +520,23 @@ class HopperConfig:
             raise ValueError(
                 f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.tmao|.pers]")
         try:
-            persistent = "pers" in suffixes
-            config = cls(parts[1], int(parts[2][1:]), int(parts[3][2:]), int(parts[4][2:]), "nopp" not in suffixes,
-                         "tmao" in suffixes or persistent, persistent)
+            fields = int(parts[2][1:]), int(parts[3][2:]), int(parts[4][2:])
         except ValueError:
             raise ValueError(f"Hopper kernel config {name!r}: malformed field") from None
+        persistent = "pers" in suffixes
+        config = cls(parts[1], *fields, "nopp" not in suffixes, "tmao" in suffixes or persistent, persistent)
         if config.name != name:
             raise ValueError(f"Hopper kernel config {name!r}: not in canonical form ({config.name})")
         return config
 
 
 # The plain-store configs first: the policy takes the first ping-pong config of a dtype and headdim.
+# d256 (B_c = 64: Q 64 KiB + 2 stages x (K + V) 32 KiB each fit the 227 KiB) is listed after the others,
+# plain store before "tmao" (the policy does not pick d256 by default yet: dispatch.hopper_min_seqlen_k).
 HOPPER_FORWARD_CONFIGS = tuple(
     HopperConfig(dtype, d, pingpong=pp) for dtype in DTYPES for d in (64, 128) for pp in (True, False)
     if pp or dtype == "bf16") + tuple(
     HopperConfig(dtype, d, tma_store=True, persistent=pers) for pers in (False, True) for dtype in DTYPES
-    for d in (64, 128))
+    for d in (64, 128)) + tuple(
+    HopperConfig(dtype, 256, block_n=64, tma_store=tmao, persistent=pers)
+    for tmao, pers in ((False, False), (True, False), (True, True)) for dtype in DTYPES)

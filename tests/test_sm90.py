@@ -49,6 +49,13 @@ CONFIGS = [
     "sm90.fp16.d128.br128.bc128.pers",
     "sm90.bf16.d64.br128.bc128.pers",
     "sm90.fp16.d64.br128.bc128.pers",
+    # head dim 256: B_c = 64, P V as m64n256k16 (plain store, then TMA store)
+    "sm90.bf16.d256.br128.bc64",
+    "sm90.fp16.d256.br128.bc64",
+    "sm90.bf16.d256.br128.bc64.tmao",
+    "sm90.fp16.d256.br128.bc64.tmao",
+    "sm90.bf16.d256.br128.bc64.pers",
+    "sm90.fp16.d256.br128.bc64.pers",
 ]
 TMA_STORE_CONFIGS = [n for n in CONFIGS if n.endswith((".tmao", ".pers"))]
 

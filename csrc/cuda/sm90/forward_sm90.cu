@@ -128,6 +128,14 @@ using Bf16D128Pers = Sm90FwdTraits<true, 128, 128, 128, true, true, true>;
 using Fp16D128Pers = Sm90FwdTraits<false, 128, 128, 128, true, true, true>;
 using Bf16D64Pers = Sm90FwdTraits<true, 64, 128, 128, true, true, true>;
 using Fp16D64Pers = Sm90FwdTraits<false, 64, 128, 128, true, true, true>;
+// D = 256: B_c = 64 (Q 64 KiB + 2 stages x (K + V) 32 KiB each = 192 KiB of the 227 KiB);
+// S = Q K^T as 16 m64n64k16 SS steps, O += P V as 4 m64n256k16 RS steps.
+using Bf16D256 = Sm90FwdTraits<true, 256, 128, 64>;
+using Fp16D256 = Sm90FwdTraits<false, 256, 128, 64>;
+using Bf16D256Tmao = Sm90FwdTraits<true, 256, 128, 64, true, true>;
+using Fp16D256Tmao = Sm90FwdTraits<false, 256, 128, 64, true, true>;
+using Bf16D256Pers = Sm90FwdTraits<true, 256, 128, 64, true, true, true>;
+using Fp16D256Pers = Sm90FwdTraits<false, 256, 128, 64, true, true, true>;
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
@@ -154,6 +162,14 @@ const Sm90FwdKernel kKernels[] = {
     entry<Fp16D128Pers>("sm90.fp16.d128.br128.bc128.pers"),
     entry<Bf16D64Pers>("sm90.bf16.d64.br128.bc128.pers"),
     entry<Fp16D64Pers>("sm90.fp16.d64.br128.bc128.pers"),
+    // Head dim 256 (the policy sends d256 to mma.sync by default until measured; see
+    // hopper_min_seqlen_k in flashop/dispatch.py).
+    entry<Bf16D256>("sm90.bf16.d256.br128.bc64"),
+    entry<Fp16D256>("sm90.fp16.d256.br128.bc64"),
+    entry<Bf16D256Tmao>("sm90.bf16.d256.br128.bc64.tmao"),
+    entry<Fp16D256Tmao>("sm90.fp16.d256.br128.bc64.tmao"),
+    entry<Bf16D256Pers>("sm90.bf16.d256.br128.bc64.pers"),
+    entry<Fp16D256Pers>("sm90.fp16.d256.br128.bc64.pers"),
 };
 
 }  // namespace

@@ -63,7 +63,10 @@ struct Sm90FwdTraits {
   static constexpr int kDBlocks = kHeadDim / 64;  // 64-element (128-byte) column blocks
 
   static_assert(kBlockM == 128, "two consumer warpgroups of 64 rows");
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
+  // D is the N of the P V wgmma (m64nDk16, D/2 accumulator registers per consumer thread: 128 at
+  // D = 256, within the 240-register consumer budget next to S (B_c/2) and P (B_c/4)) and
+  // D/64 column blocks everywhere else (TMA boxes, descriptors, O staging).
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
   static_assert(kBlockN == 64 || kBlockN == 128, "wgmma N of S");
   static_assert(!kPersistent || kTmaStore, "the persistent kernel stages O in the Q tile");
 
@@ -83,11 +86,18 @@ struct Sm90FwdTraits {
   // 128B swizzle (16-byte chunk ^= row % 8) is the same as the loads'.
   static constexpr int kOStageRows = 64;
   static constexpr int kOStageBytes = kOStageRows * 128;  // one 64 x 64 box
-  static_assert(kQBlockBytes % 1024 == 0 && kOStageBytes % 1024 == 0, "swizzle atoms");
+  static_assert(kQBlockBytes % 1024 == 0 && kKVBlockBytes % 1024 == 0 && kOStageBytes % 1024 == 0,
+                "swizzle atoms");
   // barriers: q_full, full_k[2], full_v[2], empty[2] (+ q_empty when persistent)
   static constexpr int kNumBars = 1 + 3 * kStages + (kPersistent ? 1 : 0);
   static constexpr int kSmemUsed = kBarOff + 8 * kNumBars;
   static constexpr int kSmemBytes = kSmemUsed + 1024;  // + slack for 1024-byte alignment
+  // sm_90 opt-in maximum per block (227 KiB). D = 256: Q 64 KiB + 2 x (K + V) 32 KiB each at
+  // B_c = 64 = 192 KiB (+ barriers + slack = 197 688 B); B_c = 128 would need 320 KiB.
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  // Descriptor fields are 14 bits of (bytes >> 4): start addresses (below 256 KiB, masked to 18
+  // bits) and V's LBO = kKVBlockBytes (8 KiB at B_c = 64) fit; mbarrier tx-count < 2^20.
+  static_assert(kKVBlockBytes >> 4 < (1 << 14) && kQBytes < (1 << 20), "descriptor / tx range");
 
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
@@ -325,7 +335,10 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     wgmma_commit();
   };
   // O += P V_j   (V: keys x D, D contiguous -> MN-major B; N = D spans D/64
-  // column blocks kKVBlockBytes apart = LBO; 8 keys per 1024-byte atom = SBO).
+  // column blocks kKVBlockBytes apart = LBO (2 at D = 128, 4 at D = 256: the
+  // wgmma walks block n/64 at start + (n/64) * LBO); 8 keys per 1024-byte atom =
+  // SBO). k16 step t = keys 16t..16t+15 = two atoms = start + 2048 t, and
+  // t < B_c/16 stays inside the first column block (B_c * 128 bytes).
   auto issue_pv = [&](const uint32_t (&pa)[kBN / 16][4], int s) {
     fence_regs(o);
     wgmma_fence();

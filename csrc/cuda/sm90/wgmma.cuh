@@ -1,11 +1,19 @@
-// wgmma.mma_async wrappers (generated shapes, hand-checked against the PTX ISA).
-// D (f32 accumulators) is m64 x N: per warp w of the warpgroup rows 16w..16w+15;
-// for n8 block i a thread holds d[4i+0..3] = (r, c), (r, c+1), (r+8, c), (r+8, c+1)
+// wgmma.mma_async wrappers: one template per A source, wgmma_ss (A from shared memory) and
+// wgmma_rs (A from registers), on <element type, N, tnspB>; N = 64, 128 or 256 (hand-checked
+// against the PTX ISA).
+// D (f32 accumulators) is m64 x N, N/2 registers per thread: per warp w of the warpgroup rows
+// 16w..16w+15; for n8 block i a thread holds d[4i+0..3] = (r, c), (r, c+1), (r+8, c), (r+8, c+1)
 // with r = 16w + lane/4, c = 8i + 2*(lane%4).
 // SS: A and B from shared memory via 64-bit descriptors.
 // RS: A from registers (4 x b32 per thread, the m16n8k16 A layout per warp), B from smem.
 // tnspB (immediate) = 0: B is K-major (N rows of K contiguous elements);
 //                   = 1: B is MN-major (K rows of N contiguous elements).
+//
+// Why macros: inline asm takes neither a pack expansion in its operand list nor symbolic operand
+// names in nvcc (both tried: "expected a )" / "symbolic operand reference not supported"), and the
+// instruction names every accumulator register, so the text and the operand list of each width
+// are spelled by the macros below and the templates pick them with if constexpr. The PTX text is
+// character for character what the former per-width functions emitted (same SASS).
 #pragma once
 #include <cstdint>
 
@@ -23,133 +31,142 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// D[64x64] (+)= A[64x16] (smem, K-major) * B[16x64] (smem, tnspB)
-template <int kTnspB>
-__device__ __forceinline__ void wgmma_ss_m64n64k16_Bf16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-#ifdef FLASHOP_SM90_ENABLED
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTnspB));
-#endif
-}
+// ---------------------------------------------------------------- operand spelling
+// R = N/2 accumulator registers are asm operands %0 .. %(R-1) ("+f", read and written).
+#define FLASHOP_WG_ACC_32 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FLASHOP_WG_ACC_64 FLASHOP_WG_ACC_32 \
+  ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
+  ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FLASHOP_WG_ACC_128 FLASHOP_WG_ACC_64 \
+  ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
+  ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
+  ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111" \
+  ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 
-// D[64x64] (+)= A[64x16] (registers) * B[16x64] (smem, tnspB)
-template <int kTnspB>
-__device__ __forceinline__ void wgmma_rs_m64n64k16_Bf16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-#ifdef FLASHOP_SM90_ENABLED
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTnspB));
-#endif
-}
+// The matching output operands d[0] .. d[R-1] of an array `d`.
+#define FLASHOP_WG_D8(i)                                                                    \
+  "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]),            \
+      "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FLASHOP_WG_D32(i) \
+  FLASHOP_WG_D8(i), FLASHOP_WG_D8(i + 8), FLASHOP_WG_D8(i + 16), FLASHOP_WG_D8(i + 24)
+#define FLASHOP_WG_D_32 FLASHOP_WG_D32(0)
+#define FLASHOP_WG_D_64 FLASHOP_WG_D32(0), FLASHOP_WG_D32(32)
+#define FLASHOP_WG_D_128 FLASHOP_WG_D32(0), FLASHOP_WG_D32(32), FLASHOP_WG_D32(64), FLASHOP_WG_D32(96)
 
-// D[64x64] (+)= A[64x16] (smem, K-major) * B[16x64] (smem, tnspB)
-template <int kTnspB>
-__device__ __forceinline__ void wgmma_ss_m64n64k16_Fp16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-#ifdef FLASHOP_SM90_ENABLED
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTnspB));
-#endif
-}
+// The inputs follow the outputs: operand k after the accumulators is %(R+k).
+//   SS: %R desc_a, %R+1 desc_b, %R+2 scale_d, %R+3 tnspB
+//   RS: %R..%R+3 a[0..3], %R+4 desc_b, %R+5 scale_d, %R+6 tnspB
+#define FLASHOP_WG_ARG32_0 "%32"
+#define FLASHOP_WG_ARG32_1 "%33"
+#define FLASHOP_WG_ARG32_2 "%34"
+#define FLASHOP_WG_ARG32_3 "%35"
+#define FLASHOP_WG_ARG32_4 "%36"
+#define FLASHOP_WG_ARG32_5 "%37"
+#define FLASHOP_WG_ARG32_6 "%38"
+#define FLASHOP_WG_ARG64_0 "%64"
+#define FLASHOP_WG_ARG64_1 "%65"
+#define FLASHOP_WG_ARG64_2 "%66"
+#define FLASHOP_WG_ARG64_3 "%67"
+#define FLASHOP_WG_ARG64_4 "%68"
+#define FLASHOP_WG_ARG64_5 "%69"
+#define FLASHOP_WG_ARG64_6 "%70"
+#define FLASHOP_WG_ARG128_0 "%128"
+#define FLASHOP_WG_ARG128_1 "%129"
+#define FLASHOP_WG_ARG128_2 "%130"
+#define FLASHOP_WG_ARG128_3 "%131"
+#define FLASHOP_WG_ARG128_4 "%132"
+#define FLASHOP_WG_ARG128_5 "%133"
+#define FLASHOP_WG_ARG128_6 "%134"
 
-// D[64x64] (+)= A[64x16] (registers) * B[16x64] (smem, tnspB)
-template <int kTnspB>
-__device__ __forceinline__ void wgmma_rs_m64n64k16_Fp16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-#ifdef FLASHOP_SM90_ENABLED
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTnspB));
-#endif
-}
+// D[64xN] (+)= A[64x16] (smem, K-major) * B[16xN] (smem, tnspB); scale_d = 0 overwrites D.
+// AB: "bf16.bf16" or "f16.f16". Uses desc_a, desc_b, scale_d, kTnspB and d of the caller.
+#define FLASHOP_WGMMA_SS_ASM(N, R, AB)                                                             \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHOP_WG_ARG##R##_2 ", 0;\n"                 \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." AB " "                            \
+               "{" FLASHOP_WG_ACC_##R "}, " FLASHOP_WG_ARG##R##_0 ", " FLASHOP_WG_ARG##R##_1       \
+               ", p, 1, 1, 0, " FLASHOP_WG_ARG##R##_3 ";\n}\n"                                     \
+               : FLASHOP_WG_D_##R                                                                  \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTnspB))
+// D[64xN] (+)= A[64x16] (registers a[0..3]) * B[16xN] (smem, tnspB).
+#define FLASHOP_WGMMA_RS_ASM(N, R, AB)                                                             \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHOP_WG_ARG##R##_5 ", 0;\n"                 \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." AB " "                            \
+               "{" FLASHOP_WG_ACC_##R "}, {" FLASHOP_WG_ARG##R##_0 ", " FLASHOP_WG_ARG##R##_1      \
+               ", " FLASHOP_WG_ARG##R##_2 ", " FLASHOP_WG_ARG##R##_3 "}, " FLASHOP_WG_ARG##R##_4   \
+               ", p, 1, 1, " FLASHOP_WG_ARG##R##_6 ";\n}\n"                                        \
+               : FLASHOP_WG_D_##R                                                                  \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d),             \
+                 "n"(kTnspB))
+#define FLASHOP_WGMMA_BY_TYPE(KIND, N, R)                 \
+  do {                                                    \
+    if constexpr (kBf16) KIND(N, R, "bf16.bf16");         \
+    else KIND(N, R, "f16.f16");                           \
+  } while (0)
 
-// D[64x128] (+)= A[64x16] (smem, K-major) * B[16x128] (smem, tnspB)
-template <int kTnspB>
-__device__ __forceinline__ void wgmma_ss_m64n128k16_Bf16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-#ifdef FLASHOP_SM90_ENABLED
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTnspB));
-#endif
-}
+// N widths with spelled operands (N/2 registers): 64 (32), 128 (64), 256 (128). Another width
+// needs its FLASHOP_WG_ACC_/D_/ARG entries and one line in each template below.
+template <int N>
+constexpr bool kWgmmaWidthSpelled = N == 64 || N == 128 || N == 256;
 
-// D[64x128] (+)= A[64x16] (registers) * B[16x128] (smem, tnspB)
-template <int kTnspB>
-__device__ __forceinline__ void wgmma_rs_m64n128k16_Bf16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-#ifdef FLASHOP_SM90_ENABLED
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTnspB));
-#endif
-}
-
-// D[64x128] (+)= A[64x16] (smem, K-major) * B[16x128] (smem, tnspB)
-template <int kTnspB>
-__device__ __forceinline__ void wgmma_ss_m64n128k16_Fp16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-#ifdef FLASHOP_SM90_ENABLED
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTnspB));
-#endif
-}
-
-// D[64x128] (+)= A[64x16] (registers) * B[16x128] (smem, tnspB)
-template <int kTnspB>
-__device__ __forceinline__ void wgmma_rs_m64n128k16_Fp16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-#ifdef FLASHOP_SM90_ENABLED
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTnspB));
-#endif
-}
-
-// Dispatch on (element type, N).
+// D[64xN] (+)= A[64x16] (smem, K-major, descriptor) * B[16xN] (smem, descriptor, tnspB)
 template <bool kBf16, int N, int kTnspB>
-__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d) {
-  if constexpr (N == 64) {
-    if constexpr (kBf16) wgmma_ss_m64n64k16_Bf16<kTnspB>(d, da, db, scale_d);
-    else wgmma_ss_m64n64k16_Fp16<kTnspB>(d, da, db, scale_d);
-  } else {
-    static_assert(N == 128, "N");
-    if constexpr (kBf16) wgmma_ss_m64n128k16_Bf16<kTnspB>(d, da, db, scale_d);
-    else wgmma_ss_m64n128k16_Fp16<kTnspB>(d, da, db, scale_d);
-  }
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
+                                         int scale_d) {
+  static_assert(kWgmmaWidthSpelled<N>, "wgmma N not spelled in wgmma.cuh");
+#ifdef FLASHOP_SM90_ENABLED
+  if constexpr (N == 64) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 64, 32);
+  else if constexpr (N == 128) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 128, 64);
+  else if constexpr (N == 256) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 256, 128);
+#endif
 }
+
+// D[64xN] (+)= A[64x16] (registers) * B[16xN] (smem, descriptor, tnspB)
 template <bool kBf16, int N, int kTnspB>
-__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db, int scale_d) {
-  if constexpr (N == 64) {
-    if constexpr (kBf16) wgmma_rs_m64n64k16_Bf16<kTnspB>(d, a, db, scale_d);
-    else wgmma_rs_m64n64k16_Fp16<kTnspB>(d, a, db, scale_d);
-  } else {
-    static_assert(N == 128, "N");
-    if constexpr (kBf16) wgmma_rs_m64n128k16_Bf16<kTnspB>(d, a, db, scale_d);
-    else wgmma_rs_m64n128k16_Fp16<kTnspB>(d, a, db, scale_d);
-  }
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4],
+                                         uint64_t desc_b, int scale_d) {
+  static_assert(kWgmmaWidthSpelled<N>, "wgmma N not spelled in wgmma.cuh");
+#ifdef FLASHOP_SM90_ENABLED
+  if constexpr (N == 64) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 64, 32);
+  else if constexpr (N == 128) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 128, 64);
+  else if constexpr (N == 256) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 256, 128);
+#endif
 }
 
 }  // namespace sm90
 }  // namespace flashop
+
+// The spelling macros are not needed past this point (expanded in the templates above).
+#undef FLASHOP_WGMMA_BY_TYPE
+#undef FLASHOP_WGMMA_RS_ASM
+#undef FLASHOP_WGMMA_SS_ASM
+#undef FLASHOP_WG_ACC_128
+#undef FLASHOP_WG_ACC_32
+#undef FLASHOP_WG_ACC_64
+#undef FLASHOP_WG_ARG128_0
+#undef FLASHOP_WG_ARG128_1
+#undef FLASHOP_WG_ARG128_2
+#undef FLASHOP_WG_ARG128_3
+#undef FLASHOP_WG_ARG128_4
+#undef FLASHOP_WG_ARG128_5
+#undef FLASHOP_WG_ARG128_6
+#undef FLASHOP_WG_ARG32_0
+#undef FLASHOP_WG_ARG32_1
+#undef FLASHOP_WG_ARG32_2
+#undef FLASHOP_WG_ARG32_3
+#undef FLASHOP_WG_ARG32_4
+#undef FLASHOP_WG_ARG32_5
+#undef FLASHOP_WG_ARG32_6
+#undef FLASHOP_WG_ARG64_0
+#undef FLASHOP_WG_ARG64_1
+#undef FLASHOP_WG_ARG64_2
+#undef FLASHOP_WG_ARG64_3
+#undef FLASHOP_WG_ARG64_4
+#undef FLASHOP_WG_ARG64_5
+#undef FLASHOP_WG_ARG64_6
+#undef FLASHOP_WG_D32
+#undef FLASHOP_WG_D8
+#undef FLASHOP_WG_D_128
+#undef FLASHOP_WG_D_32
+#undef FLASHOP_WG_D_64
