@@ -489,10 +489,12 @@ class HopperConfig:
             raise ValueError("HopperConfig: persistent implies tma_store (the 'pers' kernel stages O in shared memory)")
         if self.dtype not in DTYPES:
             raise ValueError(f"HopperConfig: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        # The static_asserts of Sm90FwdTraits (csrc/cuda/sm90/fwd_kernel.cuh).
-        if self.headdim not in _HOPPER_HEADDIMS or self.block_m != 128 or self.block_n not in (64, 128):
+        # The static_asserts of Sm90FwdTraits (csrc/cuda/sm90/fwd_kernel.cuh): B_c = 176 (wgmma m64n176k16 for S,
+        # 11 k-steps of P V) at D = 128 only.
+        if (self.headdim not in _HOPPER_HEADDIMS or self.block_m != 128
+                or not (self.block_n in (64, 128) or (self.block_n == 176 and self.headdim == 128))):
             raise ValueError(f"HopperConfig {self.name!r}: the kernel takes D in {_HOPPER_HEADDIMS}, B_r = 128, "
-                             "B_c 64 or 128")
+                             "B_c 64 or 128 (or 176 at D = 128)")
         if self.smem_bytes() > MAX_SMEM_BYTES:
             raise ValueError(f"HopperConfig {self.name!r}: needs {self.smem_bytes()} bytes of shared memory, "
                              f"more than {MAX_SMEM_BYTES}")
@@ -508,7 +510,9 @@ class HopperConfig:
 
     def smem_bytes(self) -> int:
         """Q tile + 2 stages x (K + V tiles) + 1024 B alignment slack + the mbarriers (csrc/cuda/sm90):
-        7, one more (q_empty) in the persistent kernel. The TMA-store epilogue reuses the Q tile."""
+        7, one more (q_empty) in the persistent kernel. The TMA-store epilogue reuses the Q tile. K/V column
+        blocks are not padded: B_c * 128 bytes is a multiple of the 1024-byte swizzle atom for every B_c
+        (a multiple of 16); d128 B_c = 176: 212 992 + 1024 + 56 (64) = 214 072 (214 080) bytes."""
         barriers = 7 + (1 if self.persistent else 0)
         return ELEMENT_BYTES * self.headdim * (self.block_m + 4 * self.block_n) + 1024 + 8 * barriers
 
@@ -539,4 +543,8 @@ HOPPER_FORWARD_CONFIGS = tuple(
     HopperConfig(dtype, d, tma_store=True, persistent=pers) for pers in (False, True) for dtype in DTYPES
     for d in (64, 128)) + tuple(
     HopperConfig(dtype, 256, block_n=64, tma_store=tmao, persistent=pers)
-    for tmao, pers in ((False, False), (True, False), (True, True)) for dtype in DTYPES)
+    for tmao, pers in ((False, False), (True, False), (True, True)) for dtype in DTYPES) + tuple(
+    # d128 with B_c = 176 (FlashAttention-3's non-causal d128 tile), TMA-store and persistent variants only;
+    # listed last, so the policy keeps the bc128 configs and these run when named (or tuned).
+    HopperConfig(dtype, 128, block_n=176, tma_store=True, persistent=pers) for pers in (False, True)
+    for dtype in DTYPES)

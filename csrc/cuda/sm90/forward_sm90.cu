@@ -136,6 +136,13 @@ using Bf16D256Tmao = Sm90FwdTraits<true, 256, 128, 64, true, true>;
 using Fp16D256Tmao = Sm90FwdTraits<false, 256, 128, 64, true, true>;
 using Bf16D256Pers = Sm90FwdTraits<true, 256, 128, 64, true, true, true>;
 using Fp16D256Pers = Sm90FwdTraits<false, 256, 128, 64, true, true, true>;
+// D = 128, B_c = 176 (FlashAttention-3's non-causal d128 tile): S = Q K^T as 8 m64n176k16 SS steps,
+// O += P V as 11 m64n128k16 RS steps; Q 32 KiB + 2 stages x (K + V) 44 KiB each = 208 KiB.
+// TMA-store and persistent variants only.
+using Bf16D128Bc176Tmao = Sm90FwdTraits<true, 128, 128, 176, true, true>;
+using Fp16D128Bc176Tmao = Sm90FwdTraits<false, 128, 128, 176, true, true>;
+using Bf16D128Bc176Pers = Sm90FwdTraits<true, 128, 128, 176, true, true, true>;
+using Fp16D128Bc176Pers = Sm90FwdTraits<false, 128, 128, 176, true, true, true>;
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
@@ -170,6 +177,11 @@ const Sm90FwdKernel kKernels[] = {
     entry<Fp16D256Tmao>("sm90.fp16.d256.br128.bc64.tmao"),
     entry<Bf16D256Pers>("sm90.bf16.d256.br128.bc64.pers"),
     entry<Fp16D256Pers>("sm90.fp16.d256.br128.bc64.pers"),
+    // D = 128 with 176 keys per tile (listed last: run when named or tuned; the policy keeps bc128).
+    entry<Bf16D128Bc176Tmao>("sm90.bf16.d128.br128.bc176.tmao"),
+    entry<Fp16D128Bc176Tmao>("sm90.fp16.d128.br128.bc176.tmao"),
+    entry<Bf16D128Bc176Pers>("sm90.bf16.d128.br128.bc176.pers"),
+    entry<Fp16D128Bc176Pers>("sm90.fp16.d128.br128.bc176.pers"),
 };
 
 }  // namespace

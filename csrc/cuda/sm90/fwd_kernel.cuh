@@ -67,10 +67,21 @@ struct Sm90FwdTraits {
   // D = 256, within the 240-register consumer budget next to S (B_c/2) and P (B_c/4)) and
   // D/64 column blocks everywhere else (TMA boxes, descriptors, O staging).
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
-  static_assert(kBlockN == 64 || kBlockN == 128, "wgmma N of S");
+  // B_c is the N of the S = Q K^T wgmma (m64nB_ck16, B_c/2 accumulator registers) and B_c/16 k-steps
+  // of P V. 176 (FlashAttention-3's non-causal d128 tile: 1.375x the work of 128 per softmax, O
+  // rescale and barrier round) at D = 128 only: 88 S + 44 P + 64 O registers of the 240; at D = 256
+  // the shared memory does not fit, D = 64 is not built.
+  static_assert(kBlockN == 64 || kBlockN == 128 || (kBlockN == 176 && kHeadDim == 128),
+                "wgmma N of S: B_c 64 or 128 (176 at D = 128)");
+  static_assert(kBlockN % 16 == 0, "P V takes B_c/16 k16 steps");
   static_assert(!kPersistent || kTmaStore, "the persistent kernel stages O in the Q tile");
 
   static constexpr int kQBlockBytes = kBlockM * 128;  // one column block of Q
+  // One column block of a K or V stage: B_c rows of 128 bytes, no padding. The 128B swizzle needs
+  // every block (and so every 8-row, 1024-byte atom in it) to start 1024-byte aligned: B_c is a
+  // multiple of 16, so B_c * 128 is a multiple of 2048 (B_c = 176: 22 528 B = 22 atoms), and every
+  // offset below is a sum of such blocks (static_assert further down). The TMA box is exactly B_c
+  // rows, so the expect_tx count (kKVBytes) is the bytes written, zero-filled rows >= Sk included.
   static constexpr int kKVBlockBytes = kBlockN * 128;
   static constexpr int kQBytes = kQBlockBytes * kDBlocks;
   static constexpr int kKVBytes = kKVBlockBytes * kDBlocks;  // one K (or V) tile
@@ -88,16 +99,22 @@ struct Sm90FwdTraits {
   static constexpr int kOStageBytes = kOStageRows * 128;  // one 64 x 64 box
   static_assert(kQBlockBytes % 1024 == 0 && kKVBlockBytes % 1024 == 0 && kOStageBytes % 1024 == 0,
                 "swizzle atoms");
+  static_assert(kKOff % 1024 == 0 && kVOff % 1024 == 0 && kKVBytes % 1024 == 0,
+                "every K/V stage and column block starts 1024-byte aligned");
   // barriers: q_full, full_k[2], full_v[2], empty[2] (+ q_empty when persistent)
   static constexpr int kNumBars = 1 + 3 * kStages + (kPersistent ? 1 : 0);
   static constexpr int kSmemUsed = kBarOff + 8 * kNumBars;
   static constexpr int kSmemBytes = kSmemUsed + 1024;  // + slack for 1024-byte alignment
   // sm_90 opt-in maximum per block (227 KiB). D = 256: Q 64 KiB + 2 x (K + V) 32 KiB each at
   // B_c = 64 = 192 KiB (+ barriers + slack = 197 688 B); B_c = 128 would need 320 KiB.
+  // D = 128, B_c = 176: Q 32 KiB + 2 x (K + V) 44 KiB each = 208 KiB (212 992 B) + 56 / 64 B of
+  // barriers + 1 KiB slack = 214 072 B (tmao) / 214 080 B (pers).
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   // Descriptor fields are 14 bits of (bytes >> 4): start addresses (below 256 KiB, masked to 18
-  // bits) and V's LBO = kKVBlockBytes (8 KiB at B_c = 64) fit; mbarrier tx-count < 2^20.
-  static_assert(kKVBlockBytes >> 4 < (1 << 14) && kQBytes < (1 << 20), "descriptor / tx range");
+  // bits) and V's LBO = kKVBlockBytes (8 KiB at B_c = 64, 22 528 B = 1408 units at B_c = 176) fit;
+  // mbarrier tx-count < 2^20 (K or V tile: 45 056 B at B_c = 176).
+  static_assert(kKVBlockBytes >> 4 < (1 << 14) && kQBytes < (1 << 20) && kKVBytes < (1 << 20),
+                "descriptor / tx range");
 
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;

@@ -1,6 +1,6 @@
 // wgmma.mma_async wrappers: one template per A source, wgmma_ss (A from shared memory) and
-// wgmma_rs (A from registers), on <element type, N, tnspB>; N = 64, 128 or 256 (hand-checked
-// against the PTX ISA).
+// wgmma_rs (A from registers), on <element type, N, tnspB>; N = 64, 128, 176 or 256 (hand-checked
+// against the PTX ISA: with 16-bit A/B, N is any multiple of 8 from 8 to 256).
 // D (f32 accumulators) is m64 x N, N/2 registers per thread: per warp w of the warpgroup rows
 // 16w..16w+15; for n8 block i a thread holds d[4i+0..3] = (r, c), (r, c+1), (r+8, c), (r+8, c+1)
 // with r = 16w + lane/4, c = 8i + 2*(lane%4).
@@ -39,6 +39,9 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define FLASHOP_WG_ACC_64 FLASHOP_WG_ACC_32 \
   ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
   ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FLASHOP_WG_ACC_88 FLASHOP_WG_ACC_64 \
+  ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
+  ", %80, %81, %82, %83, %84, %85, %86, %87"
 #define FLASHOP_WG_ACC_128 FLASHOP_WG_ACC_64 \
   ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
   ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
@@ -53,6 +56,8 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   FLASHOP_WG_D8(i), FLASHOP_WG_D8(i + 8), FLASHOP_WG_D8(i + 16), FLASHOP_WG_D8(i + 24)
 #define FLASHOP_WG_D_32 FLASHOP_WG_D32(0)
 #define FLASHOP_WG_D_64 FLASHOP_WG_D32(0), FLASHOP_WG_D32(32)
+#define FLASHOP_WG_D_88 \
+  FLASHOP_WG_D32(0), FLASHOP_WG_D32(32), FLASHOP_WG_D8(64), FLASHOP_WG_D8(72), FLASHOP_WG_D8(80)
 #define FLASHOP_WG_D_128 FLASHOP_WG_D32(0), FLASHOP_WG_D32(32), FLASHOP_WG_D32(64), FLASHOP_WG_D32(96)
 
 // The inputs follow the outputs: operand k after the accumulators is %(R+k).
@@ -72,6 +77,13 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define FLASHOP_WG_ARG64_4 "%68"
 #define FLASHOP_WG_ARG64_5 "%69"
 #define FLASHOP_WG_ARG64_6 "%70"
+#define FLASHOP_WG_ARG88_0 "%88"
+#define FLASHOP_WG_ARG88_1 "%89"
+#define FLASHOP_WG_ARG88_2 "%90"
+#define FLASHOP_WG_ARG88_3 "%91"
+#define FLASHOP_WG_ARG88_4 "%92"
+#define FLASHOP_WG_ARG88_5 "%93"
+#define FLASHOP_WG_ARG88_6 "%94"
 #define FLASHOP_WG_ARG128_0 "%128"
 #define FLASHOP_WG_ARG128_1 "%129"
 #define FLASHOP_WG_ARG128_2 "%130"
@@ -105,10 +117,10 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
     else KIND(N, R, "f16.f16");                           \
   } while (0)
 
-// N widths with spelled operands (N/2 registers): 64 (32), 128 (64), 256 (128). Another width
-// needs its FLASHOP_WG_ACC_/D_/ARG entries and one line in each template below.
+// N widths with spelled operands (N/2 registers): 64 (32), 128 (64), 176 (88), 256 (128). Another
+// width needs its FLASHOP_WG_ACC_/D_/ARG entries and one line in each template below.
 template <int N>
-constexpr bool kWgmmaWidthSpelled = N == 64 || N == 128 || N == 256;
+constexpr bool kWgmmaWidthSpelled = N == 64 || N == 128 || N == 176 || N == 256;
 
 // D[64xN] (+)= A[64x16] (smem, K-major, descriptor) * B[16xN] (smem, descriptor, tnspB)
 template <bool kBf16, int N, int kTnspB>
@@ -118,6 +130,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
 #ifdef FLASHOP_SM90_ENABLED
   if constexpr (N == 64) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 64, 32);
   else if constexpr (N == 128) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 128, 64);
+  else if constexpr (N == 176) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 176, 88);
   else if constexpr (N == 256) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 256, 128);
 #endif
 }
@@ -130,6 +143,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #ifdef FLASHOP_SM90_ENABLED
   if constexpr (N == 64) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 64, 32);
   else if constexpr (N == 128) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 128, 64);
+  else if constexpr (N == 176) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 176, 88);
   else if constexpr (N == 256) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 256, 128);
 #endif
 }
@@ -142,6 +156,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #undef FLASHOP_WGMMA_RS_ASM
 #undef FLASHOP_WGMMA_SS_ASM
 #undef FLASHOP_WG_ACC_128
+#undef FLASHOP_WG_ACC_88
 #undef FLASHOP_WG_ACC_32
 #undef FLASHOP_WG_ACC_64
 #undef FLASHOP_WG_ARG128_0
@@ -151,6 +166,13 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #undef FLASHOP_WG_ARG128_4
 #undef FLASHOP_WG_ARG128_5
 #undef FLASHOP_WG_ARG128_6
+#undef FLASHOP_WG_ARG88_0
+#undef FLASHOP_WG_ARG88_1
+#undef FLASHOP_WG_ARG88_2
+#undef FLASHOP_WG_ARG88_3
+#undef FLASHOP_WG_ARG88_4
+#undef FLASHOP_WG_ARG88_5
+#undef FLASHOP_WG_ARG88_6
 #undef FLASHOP_WG_ARG32_0
 #undef FLASHOP_WG_ARG32_1
 #undef FLASHOP_WG_ARG32_2
@@ -168,5 +190,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #undef FLASHOP_WG_D32
 #undef FLASHOP_WG_D8
 #undef FLASHOP_WG_D_128
+#undef FLASHOP_WG_D_88
 #undef FLASHOP_WG_D_32
 #undef FLASHOP_WG_D_64
