@@ -320,10 +320,17 @@ def selected_configs(
 
 # ---------------------------------------------------------------- backward kernels
 #
-# Names: bwd.<dtype>.d<D>.bc<B_c>.br<B_r>.w<warps>[.k32][.q1]; FLASHOP_BWD_KERNELS selects a subset to build.
+# Names: bwd.<dtype>.d<D>.bc<B_c>.br<B_r>.w<warps>[.k32][.q1][.dpe][.dqe][.pfs][.hreg]; FLASHOP_BWD_KERNELS
+# selects a subset to build. The flags (csrc/cuda/bwd_config.h says more):
+#   k32   32 keys per warp (FlashAttention-2's warp tiles; P^T/dS^T staged in shared memory)
+#   q1    one Q/dO buffer instead of two
+#   dpe   dP^T issued right after S^T, exp2 under its mma, P^T stored after it      (staged path)
+#   dqe   dQ and its atomics first after the barrier, issued under the dV/dK mma  (staged path)
+#   pfs   next tile's cp.async after the S^T product, branch-free               (staged path, not q1)
+#   hreg  dV/dK take the warp's own half of P^T/dS^T from registers            (dpe, two warps per key slice)
 
 # Backward flag names in bwd_config.h's order (bit i = BACKWARD_FLAGS[i]).
-BACKWARD_FLAGS = ("k32", "q1")
+BACKWARD_FLAGS = ("k32", "q1", "dpe", "dqe", "pfs", "hreg")
 
 
 @dataclass(frozen=True)
@@ -390,6 +397,14 @@ class BackwardConfig:
             bad.append(f"block_n {self.block_n} / {self.keys_per_warp} keys per warp vs {self.warps} warps")
         elif (self.block_m // self.warps_d) % 16 or (self.headdim // self.warps_d) % 16:
             bad.append("warp tiles must be multiples of 16 (queries and head dims per warp)")
+        else:
+            staged_only = [f for f in ("dpe", "dqe", "pfs", "hreg") if f in self.flags]
+            if staged_only and self.warps_d < 2:
+                bad.append(f"flags {', '.join(staged_only)} need warps sharing a key slice (P^T/dS^T staged)")
+            if "pfs" in self.flags and "q1" in self.flags:
+                bad.append("pfs needs two Q/dO stages (not q1)")
+            if "hreg" in self.flags and ("dpe" not in self.flags or self.warps_d != 2):
+                bad.append("hreg needs dpe and exactly two warps per key slice")
         if not any(self.block_m % (16 * wm) == 0 and self.headdim % (16 * (self.warps // wm)) == 0
                    for wm in (1, 2, 4, 8) if self.warps % wm == 0):
             bad.append("no dQ warp grid")
@@ -426,14 +441,24 @@ def _bwd_cfg(dtype, d, bc, br, w, *flags):
 # "k32" rows are FlashAttention-2's warp shapes (32 keys per warp, P^T/dS^T
 # staged in shared memory): ~20% fewer ldmatrix bytes per mma than 16 keys
 # per warp, which keeps P^T/dS^T in registers instead.
+# "dpe.dqe.pfs[.hreg]" rows: the same kernels with the loop body reordered so
+# that exp2, the dQ atomics and the next tile's address arithmetic run under
+# mma instead of between barriers, and (hreg) fewer ldmatrix (per warp and
+# query tile 144 -> 128 at d64, 144 -> 136 at d128); 0 spills on sm_90 and
+# sm_80 (the d128 k32 row spills 8 bytes on sm_90). Listed after the k32
+# default until timed on a GPU.
 _BACKWARD_SHAPES = [
     (32, 128, 128, 8, "k32"),         # 114 KiB
     (32, 128, 64, 8),                 # 50 KiB
     (64, 128, 128, 8, "k32"),         # 162 KiB
+    (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs", "hreg"),  # 162 KiB
+    (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs"),          # 162 KiB
     (64, 128, 64, 8),                 # 81 KiB (fits sm86/89)
     (96, 128, 64, 8, "k32"),          # 129 KiB
     (96, 128, 64, 8),                 # 113 KiB
     (128, 128, 64, 8, "k32"),         # 161 KiB
+    (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs", "hreg"),  # 161 KiB
+    (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs"),          # 161 KiB
     (128, 128, 64, 8),                # 145 KiB
     (128, 64, 64, 4),                 # 105 KiB
     (192, 64, 64, 8, "k32"),          # 161 KiB

@@ -38,6 +38,32 @@ enum BwdFlag : unsigned {
   // tile i's last read of Q/dO is done and run under the dQ product and its
   // atomics. Saves M*D*4 bytes of shared memory (d256 on sm80's 163 KB).
   kBwdFlagSingleBuffer = 1u << 1,
+  // The next flags change the loop body of the staged path (kWarpsD > 1, the
+  // k32 rows) so that less work runs between the barriers with the tensor
+  // pipes idle. Same products, same shared memory, same barriers per query tile.
+  // dpe: dP^T = V dO^T is issued right after S^T = K Q^T, before P^T goes to
+  // shared memory: exp2 of P^T runs under the dP^T mma, and no st.shared stands
+  // between the two products (ptxas does not hoist an ldmatrix above a shared
+  // store). lse and D are read from shared memory before any store, the
+  // causal/tail mask is applied to the exponent (-inf), before exp2.
+  kBwdFlagDPEarly = 1u << 2,
+  // dqe: after the barrier, dQ = dS K comes first and its red.global.adds are
+  // issued (unconditionally: rows past Sq are padding rows of dq_accum) in the
+  // same basic block as dV += P^T dO and dK += dS^T Q, under their mma,
+  // instead of ending the tile. Deterministic mode waits before dQ and
+  // releases after dK.
+  kBwdFlagDQEarly = 1u << 3,
+  // pfs: the next query tile's Q/dO/lse/D cp.async is issued after the S^T
+  // product (branch-free) instead of before it, where its address arithmetic
+  // delays the first ldmatrix. Needs two Q/dO stages (not q1).
+  kBwdFlagPrefetchS = 1u << 4,
+  // hreg (with dpe, kWarpsD == 2): dV += P^T dO and dK += dS^T Q take the
+  // warp's own half of P^T/dS^T (its own S^T queries) from registers, kept
+  // 16-bit across the barrier, and only the other warp's half through
+  // ldmatrix: half the A-operand ldmatrix of those two products (per warp and
+  // query tile d64 br128: 144 -> 128 ldmatrix, d128 br64: 144 -> 136), for
+  // 2*KT*NQ registers held across the barrier.
+  kBwdFlagOwnHalfRegs = 1u << 5,
 };
 
 struct BwdFlagName {
@@ -47,6 +73,10 @@ struct BwdFlagName {
 inline constexpr BwdFlagName kBwdFlagNames[] = {
     {kBwdFlagKeys32, "k32"},
     {kBwdFlagSingleBuffer, "q1"},
+    {kBwdFlagDPEarly, "dpe"},
+    {kBwdFlagDQEarly, "dqe"},
+    {kBwdFlagPrefetchS, "pfs"},
+    {kBwdFlagOwnHalfRegs, "hreg"},
 };
 
 // Shared-memory footprint; one formula for the compile-time struct and the
@@ -77,6 +107,10 @@ struct BwdConfig {
   static constexpr bool kDoubleBuffer = (kFlags & kBwdFlagSingleBuffer) == 0;
   static constexpr int kStages = kDoubleBuffer ? 2 : 1;
   static constexpr int kThreads = 32 * kWarps;
+  static constexpr bool kDPEarly = (kFlags & kBwdFlagDPEarly) != 0;
+  static constexpr bool kDQEarly = (kFlags & kBwdFlagDQEarly) != 0;
+  static constexpr bool kPrefetchS = (kFlags & kBwdFlagPrefetchS) != 0;
+  static constexpr bool kOwnHalfRegs = (kFlags & kBwdFlagOwnHalfRegs) != 0;
 
   // S^T / dP^T / dK / dV warp grid.
   static constexpr int kKeysPerWarp = kKeys32 ? 32 : 16;
@@ -120,6 +154,10 @@ struct BwdConfig {
   static_assert(kDimsPerWarp % 16 == 0, "each warp's dK/dV tile needs a multiple of 16 head dims");
   static_assert(kWarpsMdQ > 0, "no warp grid for dQ = dS K fits (B_r, D)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory beyond any sm80+ device");
+  static_assert(!(kDPEarly || kDQEarly || kPrefetchS || kOwnHalfRegs) || kStagePT,
+                "dpe, dqe, pfs, hreg change the staged path: they need warps sharing a key slice (kWarpsD > 1)");
+  static_assert(!kPrefetchS || kDoubleBuffer, "pfs needs two Q/dO stages (not q1)");
+  static_assert(!kOwnHalfRegs || (kDPEarly && kWarpsD == 2), "hreg needs dpe and exactly two warps per key slice");
 };
 
 // The same configuration as run-time values (registry entries, error messages).

@@ -163,6 +163,16 @@ int main(int argc, char** argv) {
   CASE("fp16.d96.bc64.br64.w8", DType::kFp16, 96, 64, 64, 8, 0)
   CASE("bf16.d256.bc64.br64.w8.q1", DType::kBf16, 256, 64, 64, 8, kBwdFlagSingleBuffer)
   CASE("fp16.d192.bc64.br64.w8.k32.q1", DType::kFp16, 192, 64, 64, 8, kBwdFlagKeys32 | kBwdFlagSingleBuffer)
+  // The reordered staged path (dpe, dqe, pfs, hreg): the shipped d64/d128 rows, and the other
+  // combinations the flags allow (dpe alone, pfs without dpe, q1 and four warps per key slice).
+  constexpr unsigned kAll = kBwdFlagKeys32 | kBwdFlagDPEarly | kBwdFlagDQEarly | kBwdFlagPrefetchS | kBwdFlagOwnHalfRegs;
+  CASE("bf16.d64.bc128.br128.w8.k32.dpe.dqe.pfs.hreg", DType::kBf16, 64, 128, 128, 8, kAll)
+  CASE("fp16.d128.bc128.br64.w8.k32.dpe.dqe.pfs.hreg", DType::kFp16, 128, 128, 64, 8, kAll)
+  CASE("bf16.d128.bc128.br64.w8.k32.dpe.dqe.pfs", DType::kBf16, 128, 128, 64, 8, kAll & ~kBwdFlagOwnHalfRegs)
+  CASE("fp16.d64.bc128.br128.w8.k32.dpe", DType::kFp16, 64, 128, 128, 8, kBwdFlagKeys32 | kBwdFlagDPEarly)
+  CASE("bf16.d32.bc128.br128.w8.k32.dqe.pfs", DType::kBf16, 32, 128, 128, 8, kBwdFlagKeys32 | kBwdFlagDQEarly | kBwdFlagPrefetchS)
+  CASE("fp16.d192.bc64.br64.w8.k32.q1.dpe.dqe", DType::kFp16, 192, 64, 64, 8,
+       kBwdFlagKeys32 | kBwdFlagSingleBuffer | kBwdFlagDPEarly | kBwdFlagDQEarly)
   if (suites == 0) {  // an unknown config name must not pass by testing nothing
     printf("no config named %s\n", which.c_str());
     return 2;

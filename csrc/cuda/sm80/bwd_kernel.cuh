@@ -26,6 +26,17 @@
 //   dQ_i = dS K                        -> red.global.add.f32 into dq_accum
 // Two barriers per query tile (three when P^T is staged with one Q/dO buffer);
 // Q_i+1/dO_i+1 stream in with cp.async under tile i.
+//
+// Loop-body variants of the staged path (config flags, bwd_config.h), same
+// products and barriers in another order, chosen from the SASS: between the
+// two barriers the 8 warps of a block (one block per SM) run the same phase,
+// so non-mma work that sits alone between mma (the next tile's address math
+// right after the first barrier, exp2 after S^T, the dS^T tail, the dQ
+// atomics at the end) leaves the tensor pipes idle.
+//   dpe: S^T, [mask on the exponent], dP^T, exp2 (scheduled under dP^T's mma),
+//        P^T and dS^T stores;  dqe: dQ and its atomics first after the barrier,
+//        then dV, dK;  pfs: the prefetch after S^T instead of before it;
+//   hreg: dV/dK read only the other warp's half of P^T/dS^T from shared memory.
 // Query rows past Sq load as zeros and their lse*log2e is +inf (padding of
 // the workspace), so their P is 0 and they contribute nothing: only keys need
 // an explicit tail mask.
@@ -194,6 +205,46 @@ FLASHOP_BWD_DEV void gemm_sb(float (&c)[KT][ND][4], uint32_t a_base, uint32_t b_
   }
 }
 
+// c += A B over the B_r queries of a key slice shared by two warps (kWarpsD
+// == 2), A = the slice's P^T or dS^T: the warp's own query blocks (16 wide,
+// at 16*(wd + 2j)) from registers, own[mt][j] being the 16-bit accumulators of
+// its S^T-shaped product (an m16k16 A fragment, see gemm_rb), the other warp's
+// (at 16*(1 - wd + 2j)) through ldmatrix from the staged tile (a_oth: "a"
+// pattern at the other warp's chunk, chunks +4j). B: tile [query][n], .trans,
+// rows +32j from b_own / b_oth, chunks +kBChunkStep per pair. Half the A
+// fragments of gemm_sb's ldmatrix.
+template <int KT, int NJ, int ND, int kBChunkStep, class TileA, class TileB, typename Elem>
+FLASHOP_BWD_DEV void gemm_half_regs(float (&c)[KT][ND][4], const uint32_t (&own)[KT][NJ][4], uint32_t a_oth,
+                                    uint32_t b_own, uint32_t b_oth) {
+  static_assert(ND % 2 == 0, "n8 tiles come in pairs");
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+    for (int np = 0; np < ND / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, TileB::at(b_own, 32 * j, kBChunkStep * np));
+#pragma unroll
+      for (int mt = 0; mt < KT; ++mt) {
+        mma_16816<Elem>(c[mt][2 * np], own[mt][j], b[0], b[1]);
+        mma_16816<Elem>(c[mt][2 * np + 1], own[mt][j], b[2], b[3]);
+      }
+    }
+    uint32_t a[KT][4];
+#pragma unroll
+    for (int mt = 0; mt < KT; ++mt) ldmatrix_x4(a[mt], TileA::at(a_oth, 16 * mt, 4 * j));
+#pragma unroll
+    for (int np = 0; np < ND / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, TileB::at(b_oth, 32 * j, kBChunkStep * np));
+#pragma unroll
+      for (int mt = 0; mt < KT; ++mt) {
+        mma_16816<Elem>(c[mt][2 * np], a[mt], b[0], b[1]);
+        mma_16816<Elem>(c[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
 // c += A B, k over K rows. A: the transpose of a tile stored [k][m] ("b"
 // pattern, .trans), m16 tile mt at chunk +kAChunkStep*mt. B: n-tile pairs
 // from a tile stored [k][n] ("a" pattern, .trans), chunk +kBChunkStep per
@@ -348,6 +399,13 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
   const uint32_t baseS_t = lane_base_b<STile>(s0 + L::kDS, 0, 2 * wqm, lane);   // A of dQ (.trans)
   const uint32_t baseK_t = lane_base_a<KVTile>(uK, 0, 2 * wqd, lane);          // B of dQ (.trans)
   const uint32_t offLse = uint32_t(16 * wd + 2 * t) * 4;                     // lse/D of column pair np
+  // hreg (kWarpsD == 2): the other warp of the key slice holds query blocks
+  // 16*(1 - wd + 2j); B of dV/dK for the warp's own blocks 16*(wd + 2j) and
+  // for the other's, A (staged P^T/dS^T) for the other's.
+  const int wo = WD == 2 ? 1 - wd : 0;
+  const uint32_t offQ_own = lane_base_a<QTile>(0, 16 * wd, 2 * wd, lane);
+  const uint32_t offQ_oth = lane_base_a<QTile>(0, 16 * wo, 2 * wd, lane);
+  const uint32_t baseS_o = lane_base_a<STile>(s0 + L::kDS, key_row0, 2 * wo, lane);
 
   // K_j, V_j: once, for the whole walk.
   const Elem* gK = static_cast<const Elem*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
@@ -383,6 +441,23 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
     else if (tid < 2 * kVecs)
       cp_async_16(uDsum + stage * M * 4 + (tid - kVecs) * 16, p.dsum + row + (tid - kVecs) * 4, true);
   };
+  // pfs: the same copies without a branch (one 16-byte lse/D copy per thread
+  // under a predicate), so that their address arithmetic can be scheduled
+  // among the mma of S^T. enable = false (no next step) turns them into zero
+  // fills of the idle stage; the source stays a mapped address.
+  auto load_step_nobranch = [&](int hq, int m, int stage, bool enable) {
+    const int row0 = m * M;
+    load_tile_async<QTile, T>(uQ + stage * QTile::kBytes, gQ0 + hq * p.q_head_stride, p.q_row_stride, row0,
+                              p.seqlen_q, tid, enable);
+    load_tile_async<QTile, T>(uDO + stage * QTile::kBytes, gDO0 + hq * p.do_head_stride, p.do_row_stride, row0,
+                              p.seqlen_q, tid, enable);
+    const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + row0;
+    constexpr int kVecs = M / 4;
+    const bool is_lse = tid < kVecs;
+    const int v = is_lse ? tid : tid - kVecs;
+    cp_async_16_if((is_lse ? uLse : uDsum) + stage * M * 4 + v * 16, (is_lse ? p.lse_log2 : p.dsum) + row + v * 4,
+                   enable, tid < 2 * kVecs);
+  };
   int hq = hk * p.head_ratio, m = m_tiles - 1;  // the current step
   if (total > 0) load_step(hq, m, 0);
   cp_async_commit();
@@ -402,7 +477,7 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
     // stage, dS^T, P^T), so the other stage and dS^T may be overwritten.
     cp_async_wait<0>();
     barrier();
-    if (Cfg::kDoubleBuffer && it + 1 < total) {
+    if (Cfg::kDoubleBuffer && !Cfg::kPrefetchS && it + 1 < total) {
       load_step(hq_next, m_next, stage ^ 1);
       cp_async_commit();
     }
@@ -410,15 +485,59 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
     const uint32_t baseQ_b = uQs + offQ_b, baseQ_t = uQs + offQ_t;
     const uint32_t baseL = uLse + stage * M * 4 + offLse;
 
+    // dpe: lse_log2 of the warp's queries, read ahead of S^T and of any
+    // shared store or cp.async of this step (ptxas keeps a shared load behind
+    // those), so the exponent can follow S^T's mma without waiting on it.
+    float2 lse2[Cfg::kDPEarly ? NQ : 1];
+    if constexpr (Cfg::kDPEarly) {
+#pragma unroll
+      for (int nq = 0; nq < NQ; ++nq) lse2[nq] = lds_f32x2(baseL + (16 * WD * (nq >> 1) + 8 * (nq & 1)) * 4);
+    }
+
     // S^T = K Q^T for the warp's keys x queries.
     float s[KT][NQ][4];
     zero(s);
     gemm_nt<KT, NQ, D, 16 * WD, KVTile, QTile, Elem>(s, baseK_a, baseQ_b);
 
+    if constexpr (Cfg::kPrefetchS) {
+      // pfs: the next step's copies, after S^T's ldmatrix in program order
+      // (their address arithmetic then runs under its mma). All reads of the
+      // other stage retired at the barrier above. Without a next step they
+      // zero-fill the idle stage.
+      const bool has_next = it + 1 < total;
+      load_step_nobranch(has_next ? hq_next : hq, has_next ? m_next : m, stage ^ 1, has_next);
+      cp_async_commit();
+    }
+
     // P^T = exp2(S^T * scale*log2e - lse_log2). Element e of accumulator
     // [mt][nq] is key (row) key_row0 + 16mt + g + 8(e/2), query (column)
     // 16(wd + WD(nq/2)) + 8(nq%2) + 2t + e%2.
     const bool need_mask = key0 + N > p.seqlen_k || (p.causal && key0 + N - 1 > q0 + diag);
+    if constexpr (Cfg::kDPEarly) {
+      // dpe: the exponent only, -inf where masked (one branch); exp2 follows
+      // dP^T's mma in the same basic block and is scheduled under it.
+#pragma unroll
+      for (int nq = 0; nq < NQ; ++nq)
+#pragma unroll
+        for (int mt = 0; mt < KT; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            s[mt][nq][e] = fmaf(s[mt][nq][e], p.scale_log2, -((e & 1) ? lse2[nq].y : lse2[nq].x));
+      if (need_mask) {
+#pragma unroll
+        for (int nq = 0; nq < NQ; ++nq) {
+          const int qc_step = 16 * WD * (nq >> 1) + 8 * (nq & 1);
+#pragma unroll
+          for (int mt = 0; mt < KT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = key0 + key_row0 + 16 * mt + g + 8 * (e >> 1);
+              const int query = q0 + 16 * wd + 2 * t + qc_step + (e & 1);
+              if (key >= p.seqlen_k || (p.causal && key > query + diag)) s[mt][nq][e] = -INFINITY;
+            }
+        }
+      }
+    } else {
 #pragma unroll
     for (int nq = 0; nq < NQ; ++nq) {
       const int qc_step = 16 * WD * (nq >> 1) + 8 * (nq & 1);
@@ -438,8 +557,11 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
         }
       }
     }
+    }  // !kDPEarly
 
-    if constexpr (Cfg::kStagePT) {
+    if constexpr (Cfg::kDPEarly) {
+      // P^T goes to shared memory after dP^T (below).
+    } else if constexpr (Cfg::kStagePT) {
 #pragma unroll
       for (int mt = 0; mt < KT; ++mt)
 #pragma unroll
@@ -457,6 +579,54 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
     float dp[KT][NQ][4];
     zero(dp);
     gemm_nt<KT, NQ, D, 16 * WD, KVTile, QTile, Elem>(dp, baseK_a + kVfromK, baseQ_b + kDOfromQ);
+    // hreg: the warp's own P^T / dS^T, 16 bit, as the A fragments of the
+    // second half's dV / dK products (query block j = accumulator pair 2j, 2j+1).
+    uint32_t own_p[Cfg::kOwnHalfRegs ? KT : 1][Cfg::kOwnHalfRegs ? NQ / 2 : 1][4];
+    uint32_t own_ds[Cfg::kOwnHalfRegs ? KT : 1][Cfg::kOwnHalfRegs ? NQ / 2 : 1][4];
+    if constexpr (Cfg::kDPEarly) {
+      // D_i first (a shared load cannot move above a shared store), then
+      // exp2, and P^T, dS^T to shared memory.
+      float2 dd[NQ];
+#pragma unroll
+      for (int nq = 0; nq < NQ; ++nq)
+        dd[nq] = lds_f32x2(baseL + kDsumFromLse + (16 * WD * (nq >> 1) + 8 * (nq & 1)) * 4);
+#pragma unroll
+      for (int mt = 0; mt < KT; ++mt)
+#pragma unroll
+        for (int nq = 0; nq < NQ; ++nq)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nq][e] = exp2_fast(s[mt][nq][e]);
+#pragma unroll
+      for (int mt = 0; mt < KT; ++mt)
+#pragma unroll
+        for (int nq = 0; nq < NQ; ++nq) {
+          const int chunk_c = 2 * WD * (nq >> 1) + (nq & 1);
+          const uint32_t lo = pack2<Elem>(s[mt][nq][0], s[mt][nq][1]), hi = pack2<Elem>(s[mt][nq][2], s[mt][nq][3]);
+          sts_u32(STile::at(baseS_c, 16 * mt, chunk_c) + kPTfromDS, lo);
+          sts_u32(STile::at(baseS_c, 16 * mt + 8, chunk_c) + kPTfromDS, hi);
+          if constexpr (Cfg::kOwnHalfRegs) {
+            own_p[mt][nq >> 1][2 * (nq & 1)] = lo;
+            own_p[mt][nq >> 1][2 * (nq & 1) + 1] = hi;
+          }
+        }
+#pragma unroll
+      for (int nq = 0; nq < NQ; ++nq) {
+        const int chunk_c = 2 * WD * (nq >> 1) + (nq & 1);
+#pragma unroll
+        for (int mt = 0; mt < KT; ++mt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            dp[mt][nq][e] = s[mt][nq][e] * (dp[mt][nq][e] - ((e & 1) ? dd[nq].y : dd[nq].x));
+          const uint32_t lo = pack2<Elem>(dp[mt][nq][0], dp[mt][nq][1]), hi = pack2<Elem>(dp[mt][nq][2], dp[mt][nq][3]);
+          sts_u32(STile::at(baseS_c, 16 * mt, chunk_c), lo);
+          sts_u32(STile::at(baseS_c, 16 * mt + 8, chunk_c), hi);
+          if constexpr (Cfg::kOwnHalfRegs) {
+            own_ds[mt][nq >> 1][2 * (nq & 1)] = lo;
+            own_ds[mt][nq >> 1][2 * (nq & 1) + 1] = hi;
+          }
+        }
+      }
+    } else {
 #pragma unroll
     for (int nq = 0; nq < NQ; ++nq) {
       const int qc_step = 16 * WD * (nq >> 1) + 8 * (nq & 1);
@@ -470,15 +640,72 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
         sts_u32(STile::at(baseS_c, 16 * mt + 8, chunk_c), pack2<Elem>(dp[mt][nq][2], dp[mt][nq][3]));
       }
     }
+    }  // !kDPEarly
+
+    // dV += P^T dO and dK += dS^T Q from the staged P^T / dS^T: all from shared
+    // memory, or (hreg) the warp's own query blocks from registers and only the
+    // other warp's from shared memory.
+    auto dv_dk_staged = [&] {
+      if constexpr (Cfg::kOwnHalfRegs) {
+        gemm_half_regs<KT, NQ / 2, ND, 2 * WD, STile, QTile, Elem>(acc_dv, own_p, baseS_o + kPTfromDS,
+                                                                   uQs + offQ_own + kDOfromQ, uQs + offQ_oth + kDOfromQ);
+        gemm_half_regs<KT, NQ / 2, ND, 2 * WD, STile, QTile, Elem>(acc_dk, own_ds, baseS_o, uQs + offQ_own,
+                                                                   uQs + offQ_oth);
+      } else {
+        gemm_sb<KT, M, ND, 2 * WD, STile, QTile, Elem>(acc_dv, baseS_a + kPTfromDS, baseQ_t + kDOfromQ);
+        gemm_sb<KT, M, ND, 2 * WD, STile, QTile, Elem>(acc_dk, baseS_a, baseQ_t);
+      }
+    };
 
     if constexpr (!Cfg::kStagePT) {
       // dK += dS^T Q, dS^T straight from registers.
       gemm_rb<KT, NQ, ND, 2 * WD, QTile, Elem>(acc_dk, dp, baseQ_t);
       barrier();  // dS^T complete for dQ; all reads of this Q/dO stage done
+    } else if constexpr (Cfg::kDQEarly) {
+      barrier();  // P^T, dS^T complete
+      // dqe: the semaphore wait first (deterministic mode), then dQ_i += dS K_j
+      // and its atomics, then dV and dK: the atomics and their address math sit
+      // in the same basic block as the dV/dK mma and issue under them.
+      int* sem = nullptr;
+      if (p.deterministic) {
+        sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * p.num_m_blocks + m;
+        if (tid == 0)
+          while (ld_acquire(sem) != n_block) spin_pause();
+        barrier();
+      }
+      {
+        float dq[MTQ][NTQ][4];
+        zero(dq);
+        gemm_tb<MTQ, NTQ, N, 2 * WMQ, 2 * WDQ, STile, KVTile, Elem>(dq, baseS_t, baseK_t);
+        const int lane_row = 16 * wqm + g;
+        float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0 + lane_row) * D +
+                      (16 * wqd + 2 * t);
+        // No row test: rows past Sq are padding rows of dq_accum (M divides
+        // kBwdSeqQPad, so the whole tile is inside the workspace), which the
+        // convert kernel never reads; their dS, hence their adds, are 0 anyway.
+        // Unconditional adds keep this code free of branches.
+#pragma unroll
+        for (int mt = 0; mt < MTQ; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row_c = 16 * WMQ * mt + 8 * h;
+#pragma unroll
+            for (int nt = 0; nt < NTQ; ++nt) {
+              const int col_c = 16 * WDQ * (nt >> 1) + 8 * (nt & 1);
+              red_add_f32x2(gacc + row_c * D + col_c, dq[mt][nt][2 * h], dq[mt][nt][2 * h + 1]);
+            }
+          }
+      }
+      dv_dk_staged();
+      if (p.deterministic) {
+        thread_fence();  // this thread's adds are performed before the release below
+        barrier();
+        if (tid == 0) red_release_add(sem, 1);
+      }
+      if (!Cfg::kDoubleBuffer) barrier();  // all reads of the single Q/dO stage done
     } else {
       barrier();  // P^T, dS^T complete
-      gemm_sb<KT, M, ND, 2 * WD, STile, QTile, Elem>(acc_dv, baseS_a + kPTfromDS, baseQ_t + kDOfromQ);
-      gemm_sb<KT, M, ND, 2 * WD, STile, QTile, Elem>(acc_dk, baseS_a, baseQ_t);
+      dv_dk_staged();
       if (!Cfg::kDoubleBuffer) barrier();  // all reads of the single Q/dO stage done
     }
     if (!Cfg::kDoubleBuffer && it + 1 < total) {
@@ -487,6 +714,7 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
       cp_async_commit();
     }
 
+    if constexpr (!Cfg::kDQEarly) {
     // dQ_i += dS K_j (unscaled; the convert kernel applies softmax_scale).
     float dq[MTQ][NTQ][4];
     zero(dq);
@@ -523,6 +751,7 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
       barrier();
       if (tid == 0) red_release_add(sem, 1);
     }
+    }  // !kDQEarly
     hq = hq_next;
     m = m_next;
   }

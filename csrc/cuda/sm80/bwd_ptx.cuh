@@ -59,6 +59,9 @@ inline void red_add_f32x2(float* p, float a, float b) {
   p[0] += a;
   p[1] += b;
 }
+inline void cp_async_16_if(uint32_t dst, const void* src, bool valid, bool pred) {
+  if (pred) emu::cp_async_16(dst, src, valid);
+}
 inline void sts_u32(uint32_t addr, uint32_t v) {
   emu::check_smem(addr, 4, 4);
   std::memcpy(emu::smem_base() + addr, &v, 4);
@@ -100,6 +103,16 @@ FLASHOP_BWD_DEV void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
+}
+// The same under a predicate, inside the asm: no branch around it, so ptxas
+// keeps it in the surrounding basic block and can schedule it among the mma.
+// pred = false issues nothing (no copy, no zero fill).
+FLASHOP_BWD_DEV void cp_async_16_if(uint32_t dst, const void* src, bool valid, bool pred) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %3, 0;\n @q cp.async.cg.shared.global [%0], [%1], 16, %2;\n}\n" ::"r"(dst),
+      "l"(src), "r"(src_bytes), "r"(int(pred))
+      : "memory");
 }
 FLASHOP_BWD_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // At most N of this thread's committed groups still in flight; other threads'

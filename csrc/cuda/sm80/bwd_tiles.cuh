@@ -96,10 +96,11 @@ struct SmemTile {
 // row_end are zero-filled (their source address is clamped to row0, which
 // is always inside the sequence). Consecutive threads take consecutive
 // 16-byte chunks of a row: coalesced global reads, conflict-free writes.
-// Issues the copies only; the caller commits and waits.
+// Issues the copies only; the caller commits and waits. enable = false turns
+// every copy into a zero fill (no global read, no branch).
 template <class Tile, int kThreads, typename Elem>
 FLASHOP_BWD_DEV void load_tile_async(uint32_t sbase, const Elem* gbase, int64_t row_stride, int row0,
-                                     int row_end, int tid) {
+                                     int row_end, int tid, bool enable = true) {
   constexpr int kCPR = Tile::kChunksPerRow;
   constexpr int kTotal = Tile::kRows * kCPR;
   constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
@@ -114,7 +115,7 @@ FLASHOP_BWD_DEV void load_tile_async(uint32_t sbase, const Elem* gbase, int64_t 
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
       if (kTotal % kThreads == 0 || i * kThreads + tid < kTotal) {
-        const bool valid = row0 + r + i * kRowsPerPass < row_end;
+        const bool valid = enable && row0 + r + i * kRowsPerPass < row_end;
         cp_async_16(dst + uint32_t(i * kRowsPerPass) * Tile::kRowBytes,
                     valid ? src + int64_t(i * kRowsPerPass) * row_stride : first, valid);
       }
@@ -125,7 +126,7 @@ FLASHOP_BWD_DEV void load_tile_async(uint32_t sbase, const Elem* gbase, int64_t 
       const int idx = i * kThreads + tid;
       if (kTotal % kThreads == 0 || idx < kTotal) {
         const int row = idx / kCPR, chunk = idx % kCPR;
-        const bool valid = row0 + row < row_end;
+        const bool valid = enable && row0 + row < row_end;
         const Elem* src = valid ? first + int64_t(row) * row_stride + chunk * 8 : first;
         cp_async_16(sbase + Tile::offset(uint32_t(row), uint32_t(chunk)), src, valid);
       }
