@@ -160,10 +160,6 @@ def hopper_min_seqlen_k(problem: "Problem") -> int:
     """Shortest key length from which the Hopper kernel beats the mma.sync ones (measured on an H200,
     docs/policy_forward.md). At headdim 64 its fixed cost per query tile (one producer warpgroup, Q by
     TMA, the ping-pong start-up) is not yet paid back by a short key loop."""
-    if problem.headdim == 256:
-        # Not yet measured on the GPU: the tuner may pick it (sm90.*.d256.br128.bc64[.tmao] are candidates),
-        # the default stays on mma.sync.
-        return 1 << 62
     if problem.headdim <= 64:
         return 4096 if problem.causal else 2048
     return 0
@@ -173,12 +169,13 @@ def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
     """Among the built Hopper ping-pong configs: the persistent kernel (its producer loads the next
     tile's K/V under the current tile's epilogue), except for short causal problems, where its static
     round-robin of unequal tiles leaves SMs idle at the end; those take the one-tile-per-CTA kernel
-    with the TMA store (measured on an H200, docs/policy_forward.md)."""
+    with the TMA store, as do causal problems at headdim 256, whose few heads leave too few tiles to
+    even the load out (measured on an H200, docs/policy_forward.md)."""
     persistent = [c for c in hopper if c.persistent]
     per_tile = [c for c in hopper if c.tma_store and not c.persistent] or [c for c in hopper if not c.persistent]
     why = "heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0"
-    if problem.causal and problem.seqlen_q <= 2048 and per_tile:
-        return per_tile[0].name, why + ", one tile per CTA (short causal)"
+    if problem.causal and (problem.seqlen_q <= 2048 or problem.headdim >= 256) and per_tile:
+        return per_tile[0].name, why + ", one tile per CTA (causal: short, or 256-wide heads)"
     if persistent:
         return persistent[0].name, why + ", persistent"
     return hopper[0].name, why

@@ -70,7 +70,7 @@ def check_backward_inputs(dout, q, out, softmax_lse, dims):
            f"flashop: softmax_lse must be on the device of q ({q.device}), got {softmax_lse.device}")
 
 
-def _check_scale(softmax_scale):
+def check_softmax_scale(softmax_scale):
     if softmax_scale is not None:
         _check(softmax_scale == softmax_scale and abs(softmax_scale) != float("inf"),
                f"flashop: softmax_scale must be a finite number, got {softmax_scale}")
@@ -79,7 +79,7 @@ def _check_scale(softmax_scale):
 @torch.library.register_fake("flashop::forward")
 def forward_fake(q, k, v, softmax_scale=None, causal=False, config=None, deterministic=False):
     batch, seqlen_q, _, heads_q, _, headdim = check_forward_inputs(q, k, v)
-    _check_scale(softmax_scale)
+    check_softmax_scale(softmax_scale)
     dispatch.check_config(config, q.device, q.dtype, headdim, "forward")
     out = q.new_empty(q.shape)
     softmax_lse = q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
@@ -91,6 +91,6 @@ def backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=Fa
                   deterministic=False):
     dims = check_forward_inputs(q, k, v)
     check_backward_inputs(dout, q, out, softmax_lse, dims)
-    _check_scale(softmax_scale)
+    check_softmax_scale(softmax_scale)
     dispatch.check_config(config, q.device, q.dtype, dims[5], "backward")
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _C, dispatch
+from . import _C, dispatch, meta
 
 forward_op = torch.ops.flashop.forward.default
 backward_op = torch.ops.flashop.backward.default
@@ -47,6 +47,11 @@ if _C.WITH_CUDA:
             config = dispatch.config_for(q, k, causal, "forward")
         scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
         if config.startswith("sm90."):
+            # The argument rules in Python first (flashop/meta.py, the messages of csrc/checks.cpp):
+            # error messages with numbers must not be built inside the Hopper module (see
+            # csrc/cuda/sm90/bindings_sm90.cpp).
+            meta.check_forward_inputs(q, k, v)
+            meta.check_softmax_scale(softmax_scale)
             return dispatch.hopper_module().forward(q, k, v, scale, causal, config)
         return _C.cuda_forward(q, k, v, scale, causal, config)
 

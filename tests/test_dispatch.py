@@ -34,11 +34,9 @@ def test_policy_returns_a_built_config_that_fits(device):
         config = dispatch.parse_config(name)
         assert name in ALL_BUILT, (problem, name)
         # The Hopper family where it runs (9.0) and takes the problem; the mma.sync family elsewhere.
-        # At headdim 64 it takes long key sequences only (measured: short ones run faster on mma.sync).
-        # Headdim 256 is built (sm90.*.d256.br128.bc64[.tmao]) and a candidate the tuner may pick on 9.0,
-        # but not the default until measured (dispatch.hopper_min_seqlen_k).
-        hopper_takes = (device.capability == (9, 0) and problem.headdim in (64, 128)
-                        and problem.seqlen_k >= (0 if problem.headdim == 128 else 4096 if problem.causal else 2048))
+        # Headdims 128 and 256 always; headdim 64 from 2048 keys (4096 causal): short ones run faster on mma.sync.
+        hopper_takes = (device.capability == (9, 0) and problem.headdim in (64, 128, 256)
+                        and problem.seqlen_k >= ((4096 if problem.causal else 2048) if problem.headdim == 64 else 0))
         assert name.startswith("sm90.") == hopper_takes, (device, problem, name)
         hopper_candidates = any(c.name.startswith("sm90.") for c in dispatch.candidates(device, problem, ALL_BUILT))
         assert hopper_candidates == (device.capability == (9, 0) and problem.headdim in (64, 128, 256)), (

@@ -8,6 +8,8 @@ import math
 import pytest
 import torch
 
+import flashop
+
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0)
 pytestmark = pytest.mark.skipif(not HOPPER, reason="needs a compute capability 9.0 GPU")
 
@@ -242,3 +244,24 @@ def test_wrong_headdim():
     q = rand(1, 8, 1, 64, torch.bfloat16)
     with pytest.raises(RuntimeError, match="head dimension"):
         sm90.forward(q, q, q, 0.1, False, names[0])
+
+
+@pytest.mark.parametrize("case", ["batch", "heads", "headdim", "scale"])
+def test_op_errors_on_the_hopper_path(case):
+    """Bad inputs that the policy routes to the Hopper kernels raise the messages of the CPU path."""
+    q, k, v = rand(2, 300, 4, 128, torch.bfloat16), rand(2, 300, 4, 128, torch.bfloat16), rand(2, 300, 4, 128, torch.bfloat16)
+    scale = None
+    if case == "batch":
+        k, v = k[:1], v[:1]
+    elif case == "heads":
+        k, v = k[:, :, :3], v[:, :, :3]
+    elif case == "headdim":
+        k, v = k[..., :64], v[..., :64]
+    else:
+        scale = float("nan")
+    assert flashop.dispatch.config_for(q, q, False, "forward").startswith("sm90.")
+    with pytest.raises(RuntimeError) as on_cpu:
+        torch.ops.flashop.forward(q.cpu(), k.cpu(), v.cpu(), scale)
+    with pytest.raises(RuntimeError) as on_gpu:
+        torch.ops.flashop.forward(q, k, v, scale)
+    assert str(on_gpu.value).splitlines()[0] == str(on_cpu.value).splitlines()[0]

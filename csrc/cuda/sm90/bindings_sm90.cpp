@@ -32,6 +32,15 @@ std::string built_config_list() {
   return num_sm90_fwd_kernels() ? os.str() : std::string("(none)");
 }
 
+// Numbers in this module's error messages go in as strings. On the GPU machine's toolchain,
+// inserting an integer into the message stream from this module crashed the process (the
+// stream's number facet came from a different libstdc++ than the code using it); strings do
+// not touch that facet. flashop/ops.py also validates tensors in Python before it calls here.
+template <class T>
+std::string num(T value) {
+  return std::to_string(value);
+}
+
 const Sm90FwdKernel* find_kernel(const std::string& name) {
   for (int i = 0; i < num_sm90_fwd_kernels(); ++i)
     if (name == sm90_fwd_kernels()[i].name) return &sm90_fwd_kernels()[i];
@@ -75,8 +84,8 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Ten
   TORCH_CHECK(kernel->dtype == dt, "flashop.forward: kernel config '", config, "' is for ",
               dtype_name(kernel->dtype), " but q is ", dtype_name(dt));
   TORCH_CHECK(kernel->headdim == dims.headdim, "flashop.forward: kernel config '", config,
-              "' is for head dimension ", kernel->headdim, " but q has head dimension ",
-              dims.headdim, "; built configs: ", built_config_list());
+              "' is for head dimension ", num(kernel->headdim), " but q has head dimension ",
+              num(dims.headdim), "; built configs: ", built_config_list());
 
   c10::cuda::CUDAGuard guard(q_in.device());
   int major = 0, smem = 0;
@@ -91,10 +100,10 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Ten
   TORCH_CHECK(err == cudaSuccess, "flashop.forward (sm90): cannot query device: ",
               cudaGetErrorString(err));
   TORCH_CHECK(major == 9 && minor == 0, "flashop.forward (sm90): kernels are built for sm_90a; ",
-              q_in.device(), " is ", major, ".", minor);
+              q_in.device(), " is ", num(major), ".", num(minor));
   TORCH_CHECK(static_cast<long long>(kernel->smem_bytes) <= smem, "flashop.forward: kernel config '",
-              config, "' needs ", kernel->smem_bytes, " bytes of shared memory; device allows ",
-              smem);
+              config, "' needs ", num(kernel->smem_bytes), " bytes of shared memory; device allows ",
+              num(smem));
 
   at::Tensor out, lse;
   if (allocate_forward_outputs(q_in, dims, out, lse)) return {out, lse};
