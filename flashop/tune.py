@@ -99,11 +99,12 @@ def _warm_up_clocks(index, seconds=1.0):
 
 
 def _time_candidates(problem, batch, heads, pool, index, rounds=3, confirm_rounds=3, contender_margin=0.03,
-                     input_rotation=3):
-    """Median CUDA-event time (ms) of each candidate. `rounds` interleaved passes over the whole pool, so
-    a drift of the GPU's clock does not favour whichever config ran first; then the contenders (within
-    `contender_margin` of the fastest) get `confirm_rounds` more passes. A config's time is the median
-    of its per-pass medians: one disturbed pass cannot crown (or sink) it."""
+                     prune_margin=0.15, input_rotation=3):
+    """Median CUDA-event time (ms) of each candidate. `rounds` interleaved passes (so a drift of the GPU's
+    clock does not favour whichever config ran first), the configs more than `prune_margin` behind after
+    the first pass dropping out; then the contenders (within `contender_margin` of the fastest) get
+    `confirm_rounds` more passes. A config's time is the median of its per-pass medians: one disturbed
+    pass cannot crown (or sink) it."""
     import statistics
 
     import triton.testing
@@ -138,10 +139,14 @@ def _time_candidates(problem, batch, heads, pool, index, rounds=3, confirm_round
                 samples[name].append(triton.testing.do_bench(runner(name, inputs), warmup=5, rep=30,
                                                              return_mode="median"))
 
-    passes(list(samples), rounds)
-    first = {name: statistics.median(ms) for name, ms in samples.items()}
-    fastest = min(first.values())
-    contenders = [name for name, ms in first.items() if ms <= fastest * (1 + contender_margin)]
+    # Pass 1 times everything; configs far behind (beyond prune_margin) are not timed again.
+    passes(list(samples), 1)
+    fastest = min(ms[0] for ms in samples.values())
+    alive = [name for name, ms in samples.items() if ms[0] <= fastest * (1 + prune_margin)]
+    passes(alive, rounds - 1)
+    current = {name: statistics.median(samples[name]) for name in alive}
+    fastest = min(current.values())
+    contenders = [name for name, ms in current.items() if ms <= fastest * (1 + contender_margin)]
     if len(contenders) > 1:
         passes(contenders, confirm_rounds)
     return {name: statistics.median(ms) for name, ms in samples.items()}
