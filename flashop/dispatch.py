@@ -158,10 +158,10 @@ def heuristic_order(problem: "Problem") -> list:
 
 def hopper_min_seqlen_k(problem: "Problem") -> int:
     """Shortest key length from which the Hopper kernel beats the mma.sync ones (measured on an H200,
-    docs/policy_forward.md). At headdim 64 its fixed cost per query tile (one producer warpgroup, Q by
-    TMA, the ping-pong start-up) is not yet paid back by a short key loop."""
-    if problem.headdim <= 64:
-        return 4096 if problem.causal else 2048
+    docs/policy_forward.md). Causal at headdim 64, the short key loops of most query tiles do not pay
+    back its fixed cost per tile (one producer warpgroup, Q by TMA, the ping-pong start-up)."""
+    if problem.headdim <= 64 and problem.causal:
+        return 4096
     return 0
 
 
@@ -177,7 +177,11 @@ def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
     if problem.causal and (problem.seqlen_q <= 2048 or problem.headdim >= 256) and per_tile:
         return per_tile[0].name, why + ", one tile per CTA (causal: short, or 256-wide heads)"
     if persistent:
-        return persistent[0].name, why + ", persistent"
+        # Keys per tile: the widest from 1024 keys (fewer softmax and rescale steps per key); below,
+        # a partly filled 176-key tile wastes more than it saves.
+        wide = problem.seqlen_k >= 1024
+        pick = max(persistent, key=lambda c: c.block_n if wide else -c.block_n)
+        return pick.name, why + f", persistent, {pick.block_n} keys per tile"
     return hopper[0].name, why
 
 

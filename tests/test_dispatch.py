@@ -34,9 +34,9 @@ def test_policy_returns_a_built_config_that_fits(device):
         config = dispatch.parse_config(name)
         assert name in ALL_BUILT, (problem, name)
         # The Hopper family where it runs (9.0) and takes the problem; the mma.sync family elsewhere.
-        # Headdims 128 and 256 always; headdim 64 from 2048 keys (4096 causal): short ones run faster on mma.sync.
+        # Headdims 128 and 256 always; headdim 64 too, except causal below 4096 keys (faster on mma.sync).
         hopper_takes = (device.capability == (9, 0) and problem.headdim in (64, 128, 256)
-                        and problem.seqlen_k >= ((4096 if problem.causal else 2048) if problem.headdim == 64 else 0))
+                        and problem.seqlen_k >= (4096 if problem.causal and problem.headdim == 64 else 0))
         assert name.startswith("sm90.") == hopper_takes, (device, problem, name)
         hopper_candidates = any(c.name.startswith("sm90.") for c in dispatch.candidates(device, problem, ALL_BUILT))
         assert hopper_candidates == (device.capability == (9, 0) and problem.headdim in (64, 128, 256)), (
@@ -57,7 +57,8 @@ def test_policy_uses_small_query_tiles_when_the_gpu_would_idle():
 def test_hopper_variant_persistent_except_short_causal():
     h100 = DEVICES["H100"]
     pick = lambda sq, causal: dispatch.choose_config(h100, Problem("fp16", 128, sq, sq, 64, causal), ALL_BUILT)[0]  # noqa: E731
-    assert pick(1024, False) == pick(8192, True) == "sm90.fp16.d128.br128.bc128.pers"
+    assert pick(1024, False) == pick(8192, True) == "sm90.fp16.d128.br128.bc176.pers"  # wide key tiles
+    assert pick(512, False) == "sm90.fp16.d128.br128.bc128.pers"
     assert pick(1024, True) == "sm90.fp16.d128.br128.bc128.tmao"
     # Without the TMA-store builds the plain Hopper kernel still serves.
     plain = [n for n in ALL_BUILT if not n.endswith((".pers", ".tmao"))]
@@ -67,7 +68,7 @@ def test_hopper_variant_persistent_except_short_causal():
 def test_policy_prefers_a_tuned_entry_and_ignores_bad_ones():
     h100, problem = DEVICES["H100"], Problem("bf16", 128, 4096, 4096, 128, True)
     key = dispatch.bucket_key(problem)
-    assert dispatch.choose_config(h100, problem, ALL_BUILT)[0] == "sm90.bf16.d128.br128.bc128.pers"
+    assert dispatch.choose_config(h100, problem, ALL_BUILT)[0] == "sm90.bf16.d128.br128.bc176.pers"
     assert dispatch.choose_config(h100, problem, ALL_BUILT, {key: "bf16.d128.br128.bc32.w4"}) == (
         "bf16.d128.br128.bc32.w4", f"tuned cache entry {key}")
     default = dispatch.choose_config(h100, problem, ALL_BUILT)[0]
