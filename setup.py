@@ -66,7 +66,15 @@ def hopper_extension():
     nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr",
             "-gencode=arch=compute_90a,code=sm_90a"]
     return CUDAExtension("flashop._C_sm90", sources, include_dirs=[os.path.join(ROOT, "csrc")],
-                         extra_compile_args={"cxx": ["-O3", "-std=c++17"], "nvcc": nvcc})
+                         extra_compile_args={"cxx": ["-O3", "-std=c++17"], "nvcc": nvcc},
+                         extra_link_args=PRIVATE_STATIC_LIBS)
+
+
+# Where the compiler links libstdc++ statically into extensions (the GPU machine's g++ does), keep that
+# copy private: exported, its data symbols (the global locale, facet ids) bind to the process's shared
+# libstdc++ while its functions stay local, and formatting a number in an error message crashed.
+# A no-op where libstdc++ is linked as a shared library.
+PRIVATE_STATIC_LIBS = ["-Wl,--exclude-libs,ALL"]
 
 
 def cuda_archs():
@@ -80,7 +88,8 @@ def extension():
     # -Wno-maybe-uninitialized: false positives from ATen's vectorised transposes under -Wall.
     cxx = ["-O3", "-std=c++17", "-fopenmp", "-Wno-maybe-uninitialized"] + cpu_isa_flags()
     if not want_cuda():
-        return CppExtension("flashop._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"])
+        return CppExtension("flashop._C", sources, extra_compile_args={"cxx": cxx},
+                            extra_link_args=["-fopenmp"] + PRIVATE_STATIC_LIBS)
 
     configs = load_by_path("flashop_configs", "flashop/configs.py")
     generator = load_by_path("flashop_gen_kernels", "tools/gen_kernels.py")
@@ -98,7 +107,7 @@ def extension():
         sources,
         define_macros=[("FLASHOP_WITH_CUDA", None)],
         extra_compile_args={"cxx": cxx, "nvcc": nvcc},
-        extra_link_args=["-fopenmp"],
+        extra_link_args=["-fopenmp"] + PRIVATE_STATIC_LIBS,
     )
 
 
