@@ -181,6 +181,24 @@ FLASHOP_BWD_DEV void gemm_rb(float (&c)[KT][ND][4], const float (&a)[KT][NQ][4],
   }
 }
 
+// c[mt][n] += a[mt] B for every n8 tile of one k16 row block of B (tile [k][n] at row `row`, read
+// with .trans in n-tile pairs, chunks +kBChunkStep per pair): the inner step of gemm_sb and
+// gemm_half_regs.
+template <int KT, int ND, int kBChunkStep, class TileB, typename Elem>
+FLASHOP_BWD_DEV void mma_row_of_b(float (&c)[KT][ND][4], const uint32_t (&a)[KT][4], uint32_t b_base, int row) {
+  static_assert(ND % 2 == 0, "n8 tiles come in pairs");
+#pragma unroll
+  for (int np = 0; np < ND / 2; ++np) {
+    uint32_t b[4];
+    ldmatrix_x4_trans(b, TileB::at(b_base, row, kBChunkStep * np));
+#pragma unroll
+    for (int mt = 0; mt < KT; ++mt) {
+      mma_16816<Elem>(c[mt][2 * np], a[mt], b[0], b[1]);
+      mma_16816<Elem>(c[mt][2 * np + 1], a[mt], b[2], b[3]);
+    }
+  }
+}
+
 // c += A B, k over K. A: KT m16 tiles from a_base (tile [row][k], "a"
 // pattern, plain). B: n-tile pairs from b_base (tile [k][n], "a" pattern,
 // .trans), chunks +kBChunkStep per pair. dV += P^T dO and dK += dS^T Q when
@@ -192,16 +210,7 @@ FLASHOP_BWD_DEV void gemm_sb(float (&c)[KT][ND][4], uint32_t a_base, uint32_t b_
     uint32_t a[KT][4];
 #pragma unroll
     for (int mt = 0; mt < KT; ++mt) ldmatrix_x4(a[mt], TileA::at(a_base, 16 * mt, 2 * kc));
-#pragma unroll
-    for (int np = 0; np < ND / 2; ++np) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, TileB::at(b_base, 16 * kc, kBChunkStep * np));
-#pragma unroll
-      for (int mt = 0; mt < KT; ++mt) {
-        mma_16816<Elem>(c[mt][2 * np], a[mt], b[0], b[1]);
-        mma_16816<Elem>(c[mt][2 * np + 1], a[mt], b[2], b[3]);
-      }
-    }
+    mma_row_of_b<KT, ND, kBChunkStep, TileB, Elem>(c, a, b_base, 16 * kc);
   }
 }
 
@@ -216,32 +225,17 @@ FLASHOP_BWD_DEV void gemm_sb(float (&c)[KT][ND][4], uint32_t a_base, uint32_t b_
 template <int KT, int NJ, int ND, int kBChunkStep, class TileA, class TileB, typename Elem>
 FLASHOP_BWD_DEV void gemm_half_regs(float (&c)[KT][ND][4], const uint32_t (&own)[KT][NJ][4], uint32_t a_oth,
                                     uint32_t b_own, uint32_t b_oth) {
-  static_assert(ND % 2 == 0, "n8 tiles come in pairs");
 #pragma unroll
   for (int j = 0; j < NJ; ++j) {
-#pragma unroll
-    for (int np = 0; np < ND / 2; ++np) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, TileB::at(b_own, 32 * j, kBChunkStep * np));
-#pragma unroll
-      for (int mt = 0; mt < KT; ++mt) {
-        mma_16816<Elem>(c[mt][2 * np], own[mt][j], b[0], b[1]);
-        mma_16816<Elem>(c[mt][2 * np + 1], own[mt][j], b[2], b[3]);
-      }
-    }
     uint32_t a[KT][4];
 #pragma unroll
+    for (int mt = 0; mt < KT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) a[mt][r] = own[mt][j][r];
+    mma_row_of_b<KT, ND, kBChunkStep, TileB, Elem>(c, a, b_own, 32 * j);
+#pragma unroll
     for (int mt = 0; mt < KT; ++mt) ldmatrix_x4(a[mt], TileA::at(a_oth, 16 * mt, 4 * j));
-#pragma unroll
-    for (int np = 0; np < ND / 2; ++np) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, TileB::at(b_oth, 32 * j, kBChunkStep * np));
-#pragma unroll
-      for (int mt = 0; mt < KT; ++mt) {
-        mma_16816<Elem>(c[mt][2 * np], a[mt], b[0], b[1]);
-        mma_16816<Elem>(c[mt][2 * np + 1], a[mt], b[2], b[3]);
-      }
-    }
+    mma_row_of_b<KT, ND, kBChunkStep, TileB, Elem>(c, a, b_oth, 32 * j);
   }
 }
 
