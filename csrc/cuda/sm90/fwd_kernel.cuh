@@ -297,23 +297,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       } else if (n_tiles > 0) {
         const int kv_head = head / p.head_ratio;
         load_q();
-        // (Spelled out rather than load_kv(j, j, kv_head): keeps the SASS of
-        // the plain configs identical to what it was before kPersistent.)
-        for (int j = 0; j < n_tiles; ++j) {
-          const int s = j % T::kStages;
-          const int use = j / T::kStages;
-          if (use > 0) mbar_wait(bar_empty(s), (use - 1) & 1);
-          mbar_arrive_expect_tx(bar_full_k(s), T::kKVBytes);
-#pragma unroll
-          for (int b = 0; b < T::kDBlocks; ++b)
-            tma_load_4d(tm_k, sK + s * T::kKVBytes + b * T::kKVBlockBytes, bar_full_k(s), b * 64,
-                        j * kBN, kv_head, batch);
-          mbar_arrive_expect_tx(bar_full_v(s), T::kKVBytes);
-#pragma unroll
-          for (int b = 0; b < T::kDBlocks; ++b)
-            tma_load_4d(tm_v, sV + s * T::kKVBytes + b * T::kKVBlockBytes, bar_full_v(s), b * 64,
-                        j * kBN, kv_head, batch);
-        }
+        for (int j = 0; j < n_tiles; ++j) load_kv(j, j, kv_head);
       }
     }
     return;
