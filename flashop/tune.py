@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import warnings
 
 import torch
 
@@ -59,8 +60,9 @@ def tune(problems=None, device=None, write=True, progress=True, quiet=False):
         pool = dispatch.candidates(info, problem, built)
         if not pool:
             continue
-        times = _time_candidates(problem, batch, heads, pool, index)
-        best = _pick(times, dispatch.choose_config(info, problem, built)[0])
+        default = dispatch.choose_config(info, problem, built)[0]
+        times = _time_candidates(problem, batch, heads, pool, index, default)
+        best = _pick(times, default)
         results[dispatch.bucket_key(problem)] = (best, times)
         if not quiet:  # every candidate, fastest first, as a fraction of the fastest's speed
             fastest = min(times.values())
@@ -98,13 +100,51 @@ def _warm_up_clocks(index, seconds=1.0):
     torch.cuda.synchronize(index)
 
 
-def _time_candidates(problem, batch, heads, pool, index, rounds=3, confirm_rounds=3, contender_margin=0.03,
-                     prune_margin=0.15, input_rotation=3):
-    """Median CUDA-event time (ms) of each candidate. `rounds` interleaved passes (so a drift of the GPU's
-    clock does not favour whichever config ran first), the configs more than `prune_margin` behind after
-    the first pass dropping out; then the contenders (within `contender_margin` of the fastest) get
-    `confirm_rounds` more passes. A config's time is the median of its per-pass medians: one disturbed
-    pass cannot crown (or sink) it."""
+def _agrees(result, reference) -> bool:
+    """Same tensors up to the rounding of their dtype (kernel configs differ in summation order only);
+    NaN never agrees. `result` and `reference` are tensors or tuples of tensors."""
+    if isinstance(reference, torch.Tensor):
+        result, reference = (result,), (reference,)
+    for a, b in zip(result, reference):
+        if a.shape != b.shape:
+            return False
+        a32, b32 = a.float(), b.float()
+        differ = a32 != b32  # equal infinities (the LSE of rows that see no key) agree
+        if not torch.isfinite(a32[differ]).all() or not torch.isfinite(b32[differ]).all():
+            return False
+        # 4 units of the coarser of the dtype's rounding and 1e-3 (float32 sums in another order),
+        # relative to the largest finite magnitude: a wrong tile or a stale buffer is off by O(1).
+        finite = b32[torch.isfinite(b32)]
+        scale = finite.abs().max().item() if finite.numel() else 0.0
+        bound = 4 * max(torch.finfo(b.dtype).eps, 1e-3) * scale + 1e-6
+        if differ.any() and not (a32[differ] - b32[differ]).abs().max().item() <= bound:
+            return False
+    return True
+
+
+def _check_rows_against_float32(problem, inputs, out, name, rows=16):
+    """The first and last `rows` query rows of batch 0, head 0 of `out` against float32 attention."""
+    q, k, v = inputs[:3]
+    picked = sorted(set(range(min(rows, problem.seqlen_q))) | set(range(max(0, problem.seqlen_q - rows), problem.seqlen_q)))
+    qr, kf, vf = q[0, picked, 0].float(), k[0, :, 0].float(), v[0, :, 0].float()
+    scores = qr @ kf.T * problem.headdim ** -0.5
+    if problem.causal:  # bottom-right: query i sees key j <= i + Sk - Sq
+        limit = torch.tensor(picked, device=q.device)[:, None] + problem.seqlen_k - problem.seqlen_q
+        scores = scores.masked_fill(torch.arange(problem.seqlen_k, device=q.device)[None, :] > limit, float("-inf"))
+    expected = torch.nan_to_num(torch.softmax(scores, dim=-1)) @ vf
+    if not _agrees(out[0, picked, 0], expected.to(out.dtype)):
+        raise RuntimeError(f"flashop.tune: {name} (the default for {problem}) disagrees with a float32 reference")
+
+
+def _time_candidates(problem, batch, heads, pool, index, default=None, rounds=3, confirm_rounds=3,
+                     contender_margin=0.03, prune_margin=0.15, input_rotation=3):
+    """Median CUDA-event time (ms) of each candidate. Candidates whose results disagree with those of
+    `default` (the heuristic's pick; its forward output is itself checked against a float32 reference on
+    a few rows) are left out with a warning: the tuner never caches a wrong kernel. Then `rounds`
+    interleaved passes (so a drift of the GPU's clock does not favour whichever config ran first), the
+    configs more than `prune_margin` behind after the first pass dropping out; then the contenders
+    (within `contender_margin` of the fastest) get `confirm_rounds` more passes. A config's time is the
+    median of its per-pass medians: one disturbed pass cannot crown (or sink) it."""
     import statistics
 
     import triton.testing
@@ -130,7 +170,18 @@ def _time_candidates(problem, batch, heads, pool, index, rounds=3, confirm_round
         q, k, v = inputs
         return lambda: torch.ops.flashop.forward(q, k, v, None, problem.causal, name)
 
-    samples = {config.name: [] for config in pool}
+    names = [config.name for config in pool]
+    reference_name = default if default in names else names[0]
+    reference = runner(reference_name, input_sets[0])()
+    if problem.direction == "forward":
+        _check_rows_against_float32(problem, input_sets[0], reference[0], reference_name)
+    samples = {}
+    for name in names:
+        if name == reference_name or _agrees(runner(name, input_sets[0])(), reference):
+            samples[name] = []
+        else:
+            warnings.warn(f"flashop.tune: {name} disagrees with {reference_name} on {problem}; not a candidate",
+                          RuntimeWarning, stacklevel=2)
 
     def passes(names, count):
         for _ in range(count):
@@ -170,12 +221,13 @@ def policy_report(problems=None, device=None, progress=True):
         pool = dispatch.candidates(info, problem, built)
         if not pool:
             continue
-        times = _time_candidates(problem, batch, heads, pool, index)
-        best = min(times, key=times.get)
         heuristic = dispatch.choose_config(info, problem, built)[0]
+        times = _time_candidates(problem, batch, heads, pool, index, heuristic)
+        best = min(times, key=times.get)
         cached = dispatch.choose_config(info, problem, built, tuned)[0]
+        # A cached pick that no longer agrees with the default was left out of `times`: ratio 0.
         rows.append((problem, best, times[best], heuristic, times[best] / times[heuristic], cached,
-                     times[best] / times[cached]))
+                     times[best] / times[cached] if cached in times else 0.0))
     lines = [f"Policy vs best built config on {info.name} (ratio = best time / chosen time)", "",
              "| op | dtype | d | causal | seqlen | best | ms | heuristic pick | ratio | cached pick | ratio |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]

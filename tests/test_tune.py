@@ -13,9 +13,11 @@ from flashop.tune import TIE_TOLERANCE
 from conftest import CUDA
 from reference import attention_reference
 
-pytestmark = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
+needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
+tune_module = sys.modules["flashop.tune"]  # (flashop.tune is the function)
 
 
+@needs_cuda
 def test_tune_cuda_small_sweep_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHOP_CACHE_DIR", str(tmp_path))
     dispatch._loaded_cache.clear()
@@ -36,9 +38,31 @@ def test_tune_cuda_small_sweep_end_to_end(tmp_path, monkeypatch):
     assert out == results[dispatch.bucket_key(problems[1][0])][0]
 
 
+@needs_cuda
 def test_forward_timed():
     q, k, v = (torch.randn(2, 300, 4, 128, device="cuda", dtype=torch.float16) for _ in range(3))
     out, lse, ms = flashop.forward_timed(q, k, v, causal=True)
     ref, _ = attention_reference(q, k, v, causal=True)
     assert ms > 0
     torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tuner_checks_the_default_against_float32(causal):
+    """The tuner's correctness gate: the default's rows against float32 attention, other candidates
+    against the default (here the CPU kernel stands in for a GPU config)."""
+    problem = Problem("bf16", 64, 200, 150, 2 * 3, causal)
+    q = torch.randn(2, 200, 3, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 150, 3, 64, dtype=torch.bfloat16) for _ in range(2))
+    out, lse = torch.ops.flashop.forward(q, k, v, None, causal)
+    tune_module._check_rows_against_float32(problem, (q, k, v), out, "cpu")
+    assert tune_module._agrees((out, lse), (out.clone(), lse.clone()))
+    wrong = out.clone()
+    wrong[0, -5:, 0] = 0  # a tile left unwritten
+    with pytest.raises(RuntimeError, match="disagrees with a float32 reference"):
+        tune_module._check_rows_against_float32(problem, (q, k, v), wrong, "cpu")
+    assert not tune_module._agrees((wrong, lse), (out, lse))
+    assert not tune_module._agrees((out, lse.roll(1, dims=-1)), (out, lse))
+    nan = out.clone()
+    nan[1, 7, 2, 3] = float("nan")
+    assert not tune_module._agrees(nan, out)
