@@ -42,22 +42,24 @@ if _C.WITH_CUDA:
 
     @torch.library.register_kernel("flashop::forward", "cuda")
     def _forward_cuda(q, k, v, softmax_scale=None, causal=False, config=None, deterministic=False):
+        # The argument rules first, in Python (flashop/meta.py: the rules and messages of
+        # csrc/checks.cpp): the policy below reads shapes, and the Hopper module must not build
+        # error messages with numbers (csrc/cuda/sm90/bindings_sm90.cpp says why).
+        meta.check_forward_inputs(q, k, v)
+        meta.check_softmax_scale(softmax_scale)
         dispatch.check_config(config, q.device, q.dtype, q.size(-1), "forward")
         if config is None:
             config = dispatch.config_for(q, k, causal, "forward")
         scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
         if config.startswith("sm90."):
-            # The argument rules in Python first (flashop/meta.py, the messages of csrc/checks.cpp):
-            # error messages with numbers must not be built inside the Hopper module (see
-            # csrc/cuda/sm90/bindings_sm90.cpp).
-            meta.check_forward_inputs(q, k, v)
-            meta.check_softmax_scale(softmax_scale)
             return dispatch.hopper_module().forward(q, k, v, scale, causal, config)
         return _C.cuda_forward(q, k, v, scale, causal, config)
 
     @torch.library.register_kernel("flashop::backward", "cuda")
     def _backward_cuda(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, config=None,
                        deterministic=False):
+        meta.check_backward_inputs(dout, q, out, softmax_lse, meta.check_forward_inputs(q, k, v))
+        meta.check_softmax_scale(softmax_scale)
         dispatch.check_config(config, q.device, q.dtype, q.size(-1), "backward")
         if config is None:
             config = dispatch.config_for(q, k, causal, "backward")

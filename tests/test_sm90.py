@@ -246,12 +246,15 @@ def test_wrong_headdim():
         sm90.forward(q, q, q, 0.1, False, names[0])
 
 
-@pytest.mark.parametrize("case", ["batch", "heads", "headdim", "scale"])
+@pytest.mark.parametrize("case", ["rank", "batch", "heads", "headdim", "scale"])
 def test_op_errors_on_the_hopper_path(case):
-    """Bad inputs that the policy routes to the Hopper kernels raise the messages of the CPU path."""
-    q, k, v = rand(2, 300, 4, 128, torch.bfloat16), rand(2, 300, 4, 128, torch.bfloat16), rand(2, 300, 4, 128, torch.bfloat16)
+    """Bad inputs of shapes the policy routes to the Hopper kernels raise the messages of the CPU path."""
+    q, k, v = (rand(2, 300, 4, 128, torch.bfloat16) for _ in range(3))
+    assert flashop.dispatch.config_for(q, k, False, "forward").startswith("sm90.")
     scale = None
-    if case == "batch":
+    if case == "rank":
+        q = q[0]
+    elif case == "batch":
         k, v = k[:1], v[:1]
     elif case == "heads":
         k, v = k[:, :, :3], v[:, :, :3]
@@ -259,7 +262,6 @@ def test_op_errors_on_the_hopper_path(case):
         k, v = k[..., :64], v[..., :64]
     else:
         scale = float("nan")
-    assert flashop.dispatch.config_for(q, q, False, "forward").startswith("sm90.")
     with pytest.raises(RuntimeError) as on_cpu:
         torch.ops.flashop.forward(q.cpu(), k.cpu(), v.cpu(), scale)
     with pytest.raises(RuntimeError) as on_gpu:
