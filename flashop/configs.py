@@ -489,13 +489,14 @@ def select_backward(names_filter=None, configs=None) -> list:
 
 # ---------------------------------------------------------------- Hopper forward kernels (flashop._C_sm90)
 #
-# Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.tmao|.pers]. wgmma + TMA, one producer and two consumer
+# Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.tmao|.pers[.lpt]]. wgmma + TMA, one producer and two consumer
 # warpgroups; "nopp" drops the ping-pong barriers that let one consumer's softmax run under the other's GEMMs;
 # "tmao" writes O through shared memory (the dead Q tile) with a TMA store; "pers" is the persistent kernel
-# (one CTA per SM walking the tiles; it always uses the TMA store, so "pers" implies "tmao").
+# (one CTA per SM walking the tiles; it always uses the TMA store, so "pers" implies "tmao"); "pers.lpt" walks
+# the tiles longest first over all heads and batches (query tile varying slowest; "lpt" requires "pers").
 # Built for sm_90a only: they run on compute capability 9.0 exactly.
 
-_HOPPER_SUFFIXES = ("nopp", "tmao", "pers")
+_HOPPER_SUFFIXES = ("nopp", "tmao", "pers", "lpt")
 _HOPPER_HEADDIMS = (64, 128, 256)
 
 
@@ -508,10 +509,13 @@ class HopperConfig:
     pingpong: bool = True
     tma_store: bool = False
     persistent: bool = False
+    longest_first: bool = False  # persistent tile order: query tile slowest ("pers.lpt")
 
     def __post_init__(self):
         if self.persistent and not self.tma_store:
             raise ValueError("HopperConfig: persistent implies tma_store (the 'pers' kernel stages O in shared memory)")
+        if self.longest_first and not self.persistent:
+            raise ValueError("HopperConfig: longest_first is a tile order of the persistent kernel ('lpt' needs 'pers')")
         if self.dtype not in DTYPES:
             raise ValueError(f"HopperConfig: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         # The static_asserts of Sm90FwdTraits (csrc/cuda/sm90/fwd_kernel.cuh): B_c = 176 (wgmma m64n176k16 for S,
@@ -528,7 +532,8 @@ class HopperConfig:
     def name(self) -> str:
         return (f"sm90.{self.dtype}.d{self.headdim}.br{self.block_m}.bc{self.block_n}"
                 + ("" if self.pingpong else ".nopp")
-                + (".pers" if self.persistent else ".tmao" if self.tma_store else ""))
+                + (".pers" if self.persistent else ".tmao" if self.tma_store else "")
+                + (".lpt" if self.longest_first else ""))
 
     def runs_on(self, capability: tuple) -> bool:
         return tuple(capability) == (9, 0)
@@ -547,13 +552,14 @@ class HopperConfig:
         suffixes = parts[5:]
         if len(parts) < 5 or parts[0] != "sm90" or any(x not in _HOPPER_SUFFIXES for x in suffixes):
             raise ValueError(
-                f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.tmao|.pers]")
+                f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.tmao|.pers[.lpt]]")
         try:
             fields = int(parts[2][1:]), int(parts[3][2:]), int(parts[4][2:])
         except ValueError:
             raise ValueError(f"Hopper kernel config {name!r}: malformed field") from None
         persistent = "pers" in suffixes
-        config = cls(parts[1], *fields, "nopp" not in suffixes, "tmao" in suffixes or persistent, persistent)
+        config = cls(parts[1], *fields, "nopp" not in suffixes, "tmao" in suffixes or persistent, persistent,
+                     "lpt" in suffixes)
         if config.name != name:
             raise ValueError(f"Hopper kernel config {name!r}: not in canonical form ({config.name})")
         return config
@@ -572,4 +578,9 @@ HOPPER_FORWARD_CONFIGS = tuple(
     # d128 with B_c = 176 (FlashAttention-3's non-causal d128 tile), TMA-store and persistent variants only;
     # listed last, so the policy keeps the bc128 configs and these run when named (or tuned).
     HopperConfig(dtype, 128, block_n=176, tma_store=True, persistent=pers) for pers in (False, True)
-    for dtype in DTYPES)
+    for dtype in DTYPES) + tuple(
+    # The persistent kernel with the longest-first tile order ("pers.lpt"), after every config above (not yet
+    # timed on a GPU; the policy takes the first persistent config of a width, the ".pers" one; the tuner may
+    # pick these). The registry table in csrc/cuda/sm90/forward_sm90.cu lists the same names last.
+    HopperConfig(dtype, d, block_n=bc, tma_store=True, persistent=True, longest_first=True)
+    for d, bc in ((128, 128), (128, 176), (256, 64), (64, 128)) for dtype in DTYPES)

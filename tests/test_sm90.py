@@ -63,8 +63,17 @@ CONFIGS = [
     "sm90.fp16.d128.br128.bc176.tmao",
     "sm90.bf16.d128.br128.bc176.pers",
     "sm90.fp16.d128.br128.bc176.pers",
+    # persistent, longest query tiles of all heads first (query tile varying slowest in the tile order)
+    "sm90.bf16.d128.br128.bc128.pers.lpt",
+    "sm90.fp16.d128.br128.bc128.pers.lpt",
+    "sm90.bf16.d128.br128.bc176.pers.lpt",
+    "sm90.fp16.d128.br128.bc176.pers.lpt",
+    "sm90.bf16.d256.br128.bc64.pers.lpt",
+    "sm90.fp16.d256.br128.bc64.pers.lpt",
+    "sm90.bf16.d64.br128.bc128.pers.lpt",
+    "sm90.fp16.d64.br128.bc128.pers.lpt",
 ]
-TMA_STORE_CONFIGS = [n for n in CONFIGS if n.endswith((".tmao", ".pers"))]
+TMA_STORE_CONFIGS = [n for n in CONFIGS if n.endswith((".tmao", ".pers", ".pers.lpt"))]
 
 
 def reference(q, k, v, scale, causal, dtype=torch.float64):
@@ -182,9 +191,12 @@ def test_causal_zero_rows(name):
     [
         (2, 1000, 1000, 24, 8),  # 384 tiles: every persistent CTA walks ~3 (132 SMs), GQA 3:1
         (1, 1000, 100, 40, 40),  # causal: 7 of each head's 8 query tiles see no key, so key-less and
-                                 # keyed tiles alternate inside a CTA (the q_full/q_empty hand-shake)
+                                 # keyed tiles alternate inside a CTA (the q_full/q_empty hand-shake;
+                                 # .pers.lpt: the 40 keyed tiles first, then key-less ones only)
         (3, 130, 70, 64, 64),    # 2 query tiles; the second has 2 rows: box clipped at Sq, 2nd box not issued
         (1, 1, 2000, 300, 300),  # Sq = 1: 300 tiles of 16 key tiles; the K/V ring phases run across tiles
+        (3, 1500, 1500, 7, 1),   # 12 x 21 = 252 tiles, Hq * B = 21 (not a power of 2, B > 1), GQA 7:1: the
+                                 # .pers.lpt walk (q_tile from t / (Hq * B), head and batch from t % (Hq * B))
     ],
 )
 def test_many_tiles(name, causal, B, Sq, Sk, Hq, Hk):
@@ -199,7 +211,11 @@ def tma_store_reference(name):
     """The config test_tma_store_matches_plain_store compares `name` with: the plain-store config of the same
     shape (the name minus its last suffix) where it is in CONFIGS; else, for a ".pers" config, the ".tmao" one
     of the same shape (B_c = 176 has no plain-store build; the persistent kernel's tile walk, Q/O-staging
-    hand-over and K/V ring phases across tiles are then what differs). None: nothing to compare with."""
+    hand-over and K/V ring phases across tiles are then what differs); a ".pers.lpt" config: its ".pers"
+    sibling (only the tile order differs). None: nothing to compare with."""
+    if name.endswith(".pers.lpt"):
+        sibling = name[: -len(".lpt")]
+        return sibling if sibling in CONFIGS else None
     plain = name.rsplit(".", 1)[0]
     if plain in CONFIGS:
         return plain
@@ -211,7 +227,8 @@ def tma_store_reference(name):
 @pytest.mark.parametrize("name", TMA_STORE_CONFIGS)
 def test_tma_store_matches_plain_store(name):
     """The TMA-store epilogue writes what the plain-store kernel writes (same main loop, so equal up to
-    rounding of fused operations: a swizzle or row mistake would be far off); see tma_store_reference."""
+    rounding of fused operations: a swizzle or row mistake would be far off); see tma_store_reference.
+    ".pers.lpt" against ".pers": the same code per tile in another tile order, so bit for bit equal."""
     if name not in built():
         pytest.skip(f"{name} not built")
     plain = tma_store_reference(name)
@@ -225,6 +242,9 @@ def test_tma_store_matches_plain_store(name):
         out, lse = sm90.forward(q, k, v, D ** -0.5, causal, name)
         ref_out, ref_lse = sm90.forward(q, k, v, D ** -0.5, causal, plain)
         torch.cuda.synchronize()
+        if name.endswith(".lpt"):
+            assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), f"{name} vs {plain} (causal={causal})"
+            continue
         torch.testing.assert_close(out.float(), ref_out.float(), rtol=2 * torch.finfo(dtype).eps, atol=1e-5,
                                    msg=lambda m: f"{name} vs {plain} (causal={causal}): out: {m}")
         torch.testing.assert_close(lse, ref_lse, rtol=1e-6, atol=1e-6,

@@ -96,15 +96,17 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
     dim3 grid(q_tiles, p.heads_q, p.batch);
     if constexpr (T::kPersistent) {
       // One CTA per SM (384 threads x 168 registers and the smem allow only
-      // one), each walking tiles blockIdx.x, +gridDim.x, ... (fwd_kernel.cuh).
+      // one), each walking tiles blockIdx.x, +gridDim.x, ... (fwd_kernel.cuh;
+      // "pers.lpt" numbers the same tiles in another order).
       int device = 0, sms = 0;
       err = cudaGetDevice(&device);
       if (err == cudaSuccess)
         err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
       if (err != cudaSuccess) return err;
       const int64_t tiles = static_cast<int64_t>(q_tiles) * p.heads_q * p.batch;
-      // The kernel counts tiles in int (t + gridDim.x must not overflow); so
-      // many tiles cannot fit in memory anyway.
+      // The kernel counts tiles in int (t + gridDim.x must not overflow; both
+      // tile orders divide t < tiles by n_q_tiles or Hq * B, each <= tiles);
+      // so many tiles cannot fit in memory anyway.
       if (tiles + sms >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
       grid = dim3(static_cast<unsigned>(tiles < sms ? tiles : sms), 1, 1);
     }
@@ -143,6 +145,16 @@ using Bf16D128Bc176Tmao = Sm90FwdTraits<true, 128, 128, 176, true, true>;
 using Fp16D128Bc176Tmao = Sm90FwdTraits<false, 128, 128, 176, true, true>;
 using Bf16D128Bc176Pers = Sm90FwdTraits<true, 128, 128, 176, true, true, true>;
 using Fp16D128Bc176Pers = Sm90FwdTraits<false, 128, 128, 176, true, true, true>;
+// Persistent, longest query tiles of all heads first ("pers.lpt"): the same kernels with the
+// query tile varying slowest in the tile order (causal load balance across the SMs).
+using Bf16D128PersLpt = Sm90FwdTraits<true, 128, 128, 128, true, true, true, true>;
+using Fp16D128PersLpt = Sm90FwdTraits<false, 128, 128, 128, true, true, true, true>;
+using Bf16D128Bc176PersLpt = Sm90FwdTraits<true, 128, 128, 176, true, true, true, true>;
+using Fp16D128Bc176PersLpt = Sm90FwdTraits<false, 128, 128, 176, true, true, true, true>;
+using Bf16D256PersLpt = Sm90FwdTraits<true, 256, 128, 64, true, true, true, true>;
+using Fp16D256PersLpt = Sm90FwdTraits<false, 256, 128, 64, true, true, true, true>;
+using Bf16D64PersLpt = Sm90FwdTraits<true, 64, 128, 128, true, true, true, true>;
+using Fp16D64PersLpt = Sm90FwdTraits<false, 64, 128, 128, true, true, true, true>;
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
@@ -182,6 +194,17 @@ const Sm90FwdKernel kKernels[] = {
     entry<Fp16D128Bc176Tmao>("sm90.fp16.d128.br128.bc176.tmao"),
     entry<Bf16D128Bc176Pers>("sm90.bf16.d128.br128.bc176.pers"),
     entry<Fp16D128Bc176Pers>("sm90.fp16.d128.br128.bc176.pers"),
+    // Persistent with the longest-first tile order (after every config above: run when named or
+    // tuned; the policy picks the first persistent config of a width, i.e. the ".pers" one).
+    // Not yet timed on a GPU.
+    entry<Bf16D128PersLpt>("sm90.bf16.d128.br128.bc128.pers.lpt"),
+    entry<Fp16D128PersLpt>("sm90.fp16.d128.br128.bc128.pers.lpt"),
+    entry<Bf16D128Bc176PersLpt>("sm90.bf16.d128.br128.bc176.pers.lpt"),
+    entry<Fp16D128Bc176PersLpt>("sm90.fp16.d128.br128.bc176.pers.lpt"),
+    entry<Bf16D256PersLpt>("sm90.bf16.d256.br128.bc64.pers.lpt"),
+    entry<Fp16D256PersLpt>("sm90.fp16.d256.br128.bc64.pers.lpt"),
+    entry<Bf16D64PersLpt>("sm90.bf16.d64.br128.bc128.pers.lpt"),
+    entry<Fp16D64PersLpt>("sm90.fp16.d64.br128.bc128.pers.lpt"),
 };
 
 }  // namespace

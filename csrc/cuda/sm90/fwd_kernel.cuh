@@ -23,6 +23,10 @@
 //   kPersistent ("pers", implies kTmaStore): grid = #SMs, each CTA walks tiles
 //     blockIdx.x, +gridDim.x, ...; the K/V ring's load counter and the q_full /
 //     q_empty phases run on across tiles (see fwd_sm90_body).
+//   kLongestFirst ("pers.lpt", implies kPersistent): the same kernel, tiles
+//     numbered with the query tile varying slowest (longest causal tiles of all
+//     heads first), so every step of the static stride hands the CTAs tiles of
+//     (nearly) equal length.
 //
 // Shared-memory tiles are rows of 64 elements (128 bytes) in the TMA/wgmma
 // 128-byte swizzle; a head dimension of D is kept as D/64 such column blocks.
@@ -44,7 +48,7 @@ namespace flashop {
 namespace sm90 {
 
 template <bool kBf16_, int kHeadDim_, int kBlockM_, int kBlockN_, bool kPingPong_ = true,
-          bool kTmaStore_ = false, bool kPersistent_ = false>
+          bool kTmaStore_ = false, bool kPersistent_ = false, bool kLongestFirst_ = false>
 struct Sm90FwdTraits {
   static constexpr bool kBf16 = kBf16_;
   // Named-barrier ping-pong between the consumer warpgroups (off: "nopp"
@@ -54,6 +58,9 @@ struct Sm90FwdTraits {
   static constexpr bool kTmaStore = kTmaStore_;
   // Persistent CTAs with a static round-robin tile scheduler ("pers").
   static constexpr bool kPersistent = kPersistent_;
+  // Persistent tile order with the query tile varying slowest ("pers.lpt", longest processing time
+  // first over all heads and batches); default: query tile fastest (see fwd_sm90_body).
+  static constexpr bool kLongestFirst = kLongestFirst_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -75,6 +82,7 @@ struct Sm90FwdTraits {
                 "wgmma N of S: B_c 64 or 128 (176 at D = 128)");
   static_assert(kBlockN % 16 == 0, "P V takes B_c/16 k16 steps");
   static_assert(!kPersistent || kTmaStore, "the persistent kernel stages O in the Q tile");
+  static_assert(!kLongestFirst || kPersistent, "the longest-first order is a persistent tile order");
 
   static constexpr int kQBlockBytes = kBlockM * 128;  // one column block of Q
   // One column block of a K or V stage: B_c rows of 128 bytes, no padding. The 128B swizzle needs
@@ -163,8 +171,17 @@ __device__ __forceinline__ int num_key_tiles(const FwdParams& p, int q_tile) {
 //   batch = t / (n_q_tiles * Hq)
 // (the order in which the non-persistent grid's blocks are numbered: heaviest
 // causal tiles of a head first); CTA b takes t = b, b + gridDim.x, ...
-// Producer and consumers walk the same tiles and compute the same n_tiles per
-// tile, so they enumerate the same sequence of K/V loads g = 0, 1, 2, ...
+// T::kLongestFirst ("pers.lpt"): the query tile varies slowest instead,
+//   q_tile = n_q_tiles - 1 - t / (Hq * B), head = t % (Hq * B) % Hq,
+//   batch = t % (Hq * B) / Hq,
+// so under causal masking tiles come in non-increasing length over all heads
+// and batches, and the CTAs of one step of the stride (t = s * gridDim.x + b)
+// hold tiles of equal (or adjacent) query index. Both orders are bijections of
+// [0, n_q_tiles * Hq * B) onto the (q_tile, head, batch) triples, and both are
+// computed by the one set_tile below from t alone.
+// Producer and consumers walk the same t (the same loop header) through the
+// same set_tile and compute the same n_tiles per tile, so they enumerate the
+// same sequence of K/V loads g = 0, 1, 2, ...
 // (running over tile boundaries): load g uses stage g % 2 for the (g / 2)-th
 // time, so full_k/full_v[g % 2] complete their phase g / 2 with it (consumer
 // waits parity (g / 2) & 1) and empty[g % 2] must have completed phase g/2 - 1
@@ -217,14 +234,25 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     n_tiles = num_key_tiles<T>(p, q_tile);
   }
   // Persistent: tile t -> (q_tile, head, batch, n_tiles); see above. The host
-  // guarantees n_q_tiles * Hq * B + gridDim.x < 2^31.
+  // guarantees n_q_tiles * Hq * B + gridDim.x < 2^31. set_tile runs only for
+  // t < total_tiles, hence n_q_tiles >= 1 and Hq * B <= total_tiles: no
+  // product below overflows.
   const int n_q_tiles = (p.seqlen_q + kBM - 1) / kBM;
   const int total_tiles = n_q_tiles * p.heads_q * p.batch;
   auto set_tile = [&](int t) {
-    const int hb = t / n_q_tiles;
-    q_tile = n_q_tiles - 1 - (t - hb * n_q_tiles);
-    batch = hb / p.heads_q;
-    head = hb - batch * p.heads_q;
+    if constexpr (T::kLongestFirst) {
+      const int n_hb = p.heads_q * p.batch;  // (head, batch) pairs per query tile
+      const int qi = t / n_hb;
+      const int hb = t - qi * n_hb;
+      q_tile = n_q_tiles - 1 - qi;
+      batch = hb / p.heads_q;
+      head = hb - batch * p.heads_q;
+    } else {
+      const int hb = t / n_q_tiles;
+      q_tile = n_q_tiles - 1 - (t - hb * n_q_tiles);
+      batch = hb / p.heads_q;
+      head = hb - batch * p.heads_q;
+    }
     n_tiles = num_key_tiles<T>(p, q_tile);
   };
 
@@ -620,7 +648,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   fwd_sm90_body<T>(&tm_q, &tm_k, &tm_v, nullptr, p);
 }
 
-// Entry point of the TMA-store configs ("tmao", "pers"): also the map of O.
+// Entry point of the TMA-store configs ("tmao", "pers", "pers.lpt"): also the map of O.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
     fwd_kernel_sm90_tmao(const __grid_constant__ CUtensorMap tm_q,
