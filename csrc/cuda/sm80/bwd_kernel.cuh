@@ -154,6 +154,24 @@ FLASHOP_BWD_DEV void gemm_nt(float (&c)[KT][NT][4], uint32_t a_base, uint32_t b_
   }
 }
 
+// c[mt][n] += a[mt] B for every n8 tile of one k16 row block of B (tile [k][n] at row `row`, read
+// with .trans in n-tile pairs, chunks +kBChunkStep per pair): the inner step of gemm_rb, gemm_sb,
+// gemm_half_regs and gemm_tb.
+template <int KT, int ND, int kBChunkStep, class TileB, typename Elem>
+FLASHOP_BWD_DEV void mma_row_of_b(float (&c)[KT][ND][4], const uint32_t (&a)[KT][4], uint32_t b_base, int row) {
+  static_assert(ND % 2 == 0, "n8 tiles come in pairs");
+#pragma unroll
+  for (int np = 0; np < ND / 2; ++np) {
+    uint32_t b[4];
+    ldmatrix_x4_trans(b, TileB::at(b_base, row, kBChunkStep * np));
+#pragma unroll
+    for (int mt = 0; mt < KT; ++mt) {
+      mma_16816<Elem>(c[mt][2 * np], a[mt], b[0], b[1]);
+      mma_16816<Elem>(c[mt][2 * np + 1], a[mt], b[2], b[3]);
+    }
+  }
+}
+
 // c += A B with A in registers: the fp32 accumulators of a product whose
 // columns are this product's k (P^T or dS^T over all B_r queries, in order),
 // re-packed to 16 bit. An m16n8 accumulator pair (columns 16kq..16kq+15) is
@@ -173,34 +191,7 @@ FLASHOP_BWD_DEV void gemm_rb(float (&c)[KT][ND][4], const float (&a)[KT][NQ][4],
       af[mt][2] = pack2<Elem>(a[mt][2 * kq + 1][0], a[mt][2 * kq + 1][1]);
       af[mt][3] = pack2<Elem>(a[mt][2 * kq + 1][2], a[mt][2 * kq + 1][3]);
     }
-#pragma unroll
-    for (int np = 0; np < ND / 2; ++np) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, TileB::at(b_base, 16 * kq, kBChunkStep * np));
-#pragma unroll
-      for (int mt = 0; mt < KT; ++mt) {
-        mma_16816<Elem>(c[mt][2 * np], af[mt], b[0], b[1]);
-        mma_16816<Elem>(c[mt][2 * np + 1], af[mt], b[2], b[3]);
-      }
-    }
-  }
-}
-
-// c[mt][n] += a[mt] B for every n8 tile of one k16 row block of B (tile [k][n] at row `row`, read
-// with .trans in n-tile pairs, chunks +kBChunkStep per pair): the inner step of gemm_sb and
-// gemm_half_regs.
-template <int KT, int ND, int kBChunkStep, class TileB, typename Elem>
-FLASHOP_BWD_DEV void mma_row_of_b(float (&c)[KT][ND][4], const uint32_t (&a)[KT][4], uint32_t b_base, int row) {
-  static_assert(ND % 2 == 0, "n8 tiles come in pairs");
-#pragma unroll
-  for (int np = 0; np < ND / 2; ++np) {
-    uint32_t b[4];
-    ldmatrix_x4_trans(b, TileB::at(b_base, row, kBChunkStep * np));
-#pragma unroll
-    for (int mt = 0; mt < KT; ++mt) {
-      mma_16816<Elem>(c[mt][2 * np], a[mt], b[0], b[1]);
-      mma_16816<Elem>(c[mt][2 * np + 1], a[mt], b[2], b[3]);
-    }
+    mma_row_of_b<KT, ND, kBChunkStep, TileB, Elem>(c, af, b_base, 16 * kq);
   }
 }
 
@@ -255,16 +246,7 @@ FLASHOP_BWD_DEV void gemm_tb(float (&c)[MT][NT][4], uint32_t a_base, uint32_t b_
     uint32_t a[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) ldmatrix_x4_trans(a[mt], TileA::at(a_base, 16 * kc, kAChunkStep * mt));
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, TileB::at(b_base, 16 * kc, kBChunkStep * np));
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma_16816<Elem>(c[mt][2 * np], a[mt], b[0], b[1]);
-        mma_16816<Elem>(c[mt][2 * np + 1], a[mt], b[2], b[3]);
-      }
-    }
+    mma_row_of_b<MT, NT, kBChunkStep, TileB, Elem>(c, a, b_base, 16 * kc);
   }
 }
 
