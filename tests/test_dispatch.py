@@ -60,6 +60,10 @@ def test_hopper_variant_persistent_except_short_causal():
     assert pick(1024, False) == pick(8192, True) == "sm90.fp16.d128.br128.bc176.pers"  # wide key tiles
     assert pick(512, False) == "sm90.fp16.d128.br128.bc128.pers"
     assert pick(1024, True) == "sm90.fp16.d128.br128.bc128.tmao"
+    # Causal headdim 256: one tile per CTA when short, longest-first persistent from 4096 queries.
+    pick256 = lambda sq: dispatch.choose_config(h100, Problem("bf16", 256, sq, sq, 16, True), ALL_BUILT)[0]  # noqa: E731
+    assert pick256(2048) == "sm90.bf16.d256.br128.bc64.tmao"
+    assert pick256(4096) == pick256(16384) == "sm90.bf16.d256.br128.bc64.pers.lpt"
     # Without the TMA-store builds the plain Hopper kernel still serves.
     plain = [n for n in ALL_BUILT if not n.endswith((".pers", ".tmao"))]
     assert dispatch.choose_config(h100, Problem("fp16", 128, 1024, 1024, 64, True), plain)[0] == "sm90.fp16.d128.br128.bc128"
@@ -82,6 +86,12 @@ def test_policy_prefers_a_tuned_entry_and_ignores_bad_ones():
     assert KernelConfig.parse(big).smem_bytes() > DEVICES["RTX4090"].smem_per_block
     key = dispatch.bucket_key(problem)
     assert dispatch.choose_config(DEVICES["RTX4090"], problem, ALL_BUILT, {key: big})[0] != big
+
+
+def test_short_causal_headdim_64_takes_64_row_tiles_with_q_in_registers():
+    pick = lambda s, causal: dispatch.choose_config(DEVICES["A100"], Problem("bf16", 64, s, s, 2048, causal), ALL_BUILT)[0]  # noqa: E731
+    assert pick(512, True) == "bf16.d64.br64.bc64.w4.qreg"
+    assert pick(1024, True) == pick(512, False) == "bf16.d64.br128.bc64.w4.kv2"
 
 
 def test_policy_with_a_partial_build():

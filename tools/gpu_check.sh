@@ -2,11 +2,14 @@
 # The GPU machine in one command: build with all cores, CUDA tests, compute-sanitizer on small
 # shapes, the CUDA benchmark; logs, the report (markdown + PNG) and the build report under $OUT.
 #
-#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick] [compare] [policy]   (none named: build test sanitize bench)
+#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick] [compare] [policy] [profile]   (none named: build test sanitize bench)
 #
 # compare: every candidate config timed per shape, relative to the fastest (no cache written);
 #   COMPARE_ARGS narrows it (flashop.tune arguments), e.g. "--headdims 128 --directions backward".
 # policy: tune, then measure the policy's picks against the best config per shape.
+# profile: Nsight Compute on one kernel launch of tools/profile_case.py (PROFILE_ARGS, PROFILE_KERNEL);
+#   the details page goes to the log, the per-instruction SASS counters to profile_sass.csv.
+# SANITIZE_CONFIGS (config patterns) and SANITIZE_TOOLS narrow the sanitizer stage.
 # quick: a short benchmark (seqlens 1k/4k/16k, d64/d128, bf16). Extra arguments for the benchmark
 # go in BENCH_ARGS. Offline wheels under .whl/ (e.g. expecttest) are installed first.
 set -uo pipefail
@@ -41,7 +44,7 @@ if has test; then
 fi
 
 if has sanitize; then
-  for tool in memcheck racecheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
     step "compute-sanitizer $tool"
     compute-sanitizer --tool $tool --error-exitcode 3 python3 tools/sanitize_cases.py ${SANITIZE_CONFIGS:-"bf16.d64.*" "bf16.d128.*" "bf16.d256.*"} > "$OUT/sanitize_$tool.log" 2>&1
     rc=$?
@@ -52,7 +55,8 @@ fi
 
 if has bench; then
   step bench
-  python3 -m flashop.bench --device cuda --out-dir "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v "it/s\]" | tail -40
+  python3 -m flashop.bench --device cuda --out-dir "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 || status=1
+  grep -v "it/s\]" "$OUT/bench.log" | tail -40
 fi
 if has quick; then
   step "quick bench"
@@ -68,6 +72,15 @@ if has policy; then
   step "policy vs best (tunes into a scratch cache)"
   FLASHOP_CACHE_DIR="$OUT/cache" python3 -m flashop.tune --report "$OUT/policy.md" ${TUNE_ARGS:-} 2>&1 | grep -v "it/s\]" | tail -8
   cp "$OUT/cache/tuned_v1.json" "$OUT/tuned_cache.json" 2>/dev/null; rm -rf "$OUT/cache"
+fi
+if has profile; then
+  step "ncu profile"
+  ncu --clock-control none --set full --import-source no -k "regex:${PROFILE_KERNEL:-fwd_kernel_sm90}" -s 2 -c 1 \
+    -o "$OUT/profile" -f python3 tools/profile_case.py ${PROFILE_ARGS:-} > "$OUT/profile_run.log" 2>&1 || status=1
+  tail -3 "$OUT/profile_run.log"
+  ncu --import "$OUT/profile.ncu-rep" --page details > "$OUT/profile_details.txt" 2>&1
+  ncu --import "$OUT/profile.ncu-rep" --page source --csv --print-source sass > "$OUT/profile_sass.csv" 2>&1
+  grep -E "Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Registers Per" "$OUT/profile_details.txt" | head -12
 fi
 step "done (status $status)"
 exit $status
