@@ -550,10 +550,11 @@ class HopperConfig:
 
     def smem_bytes(self) -> int:
         """Q tile + 2 stages x (K + V tiles) + 1024 B alignment slack + the mbarriers (csrc/cuda/sm90):
-        7, one more (q_empty) in the persistent kernel. The TMA-store epilogue reuses the Q tile. K/V column
-        blocks are not padded: B_c * 128 bytes is a multiple of the 1024-byte swizzle atom for every B_c
-        (a multiple of 16); d128 B_c = 176: 212 992 + 1024 + 56 (64) = 214 072 (214 080) bytes."""
-        barriers = 7 + (1 if self.persistent else 0)
+        9 (q_full, full and empty of K and of V per stage), one more (q_empty) in the persistent kernel.
+        The TMA-store epilogue reuses the Q tile. K/V column blocks are not padded: B_c * 128 bytes is a
+        multiple of the 1024-byte swizzle atom for every B_c (a multiple of 16); d128 B_c = 176:
+        212 992 + 1024 + 72 (80) = 214 088 (214 096) bytes."""
+        barriers = 9 + (1 if self.persistent else 0)
         return ELEMENT_BYTES * self.headdim * (self.block_m + 4 * self.block_n) + 1024 + 8 * barriers
 
     @classmethod

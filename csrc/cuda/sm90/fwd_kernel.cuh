@@ -4,15 +4,22 @@
 // shared memory) and O += P V (P from registers, V MN-major from shared memory).
 //
 // Per tile: one query tile of kBlockM = 128 rows of one (batch, head).
-//   producer (warpgroup 0, setmaxnreg.dec 24; one thread): Q once, then for
-//     every key tile j: wait empty[s] (s = j % 2, from its 2nd use on) ->
-//     expect_tx + TMA K_j -> full_k[s], expect_tx + TMA V_j -> full_v[s]
+//   producer (warpgroup 0, setmaxnreg.dec 24; one thread): Q once, then
+//     K_0, K_1, V_0, K_2, V_1, ..., K_{n-1}, V_{n-2}, V_{n-1} (K one key tile
+//     ahead of V: the order the consumers need them in). K_j: wait empty_k[s]
+//     (s = j % 2, from its 2nd use on) -> expect_tx + TMA -> full_k[s]; V_j the
+//     same on empty_v[s] / full_v[s].
 //   consumer c (warpgroups 1, 2; setmaxnreg.inc 240; rows 64c .. 64c+63):
 //     tile 0:  [turn] S_0 = Q K_0^T [pass]; softmax_0 -> P_0
 //     tile j:  [turn] issue S_j = Q K_j^T, issue O += P_{j-1} V_{j-1} [pass];
-//              wait S_j; mask; softmax_j (under the PV GEMM);
-//              wait PV; arrive empty[stage of j-1]; O *= corr_j; P_j -> regs
-//     end:     O += P_{n-1} V_{n-1}; arrive empty
+//              wait S_j; arrive empty_k[stage of j]; mask; softmax_j (under
+//              the PV GEMM); wait PV; arrive empty_v[stage of j-1];
+//              O *= corr_j; P_j -> regs
+//     end:     O += P_{n-1} V_{n-1}; arrive empty_v
+//   K and V have their own empty barriers: K_j's slot is free as soon as S_j
+//   is complete, so K_{j+2} loads under two iterations instead of under the
+//   tail of one (with one barrier per stage the slot waited for P_j V_j, and
+//   the consumers stalled on K; Nsight Compute, H200).
 //   [turn]/[pass]: named barriers 1/2 ping-pong the two consumers so one's
 //   softmax runs under the other's GEMMs.
 //   epilogue: O /= l, lse = m*scale + ln l;
@@ -109,14 +116,14 @@ struct Sm90FwdTraits {
                 "swizzle atoms");
   static_assert(kKOff % 1024 == 0 && kVOff % 1024 == 0 && kKVBytes % 1024 == 0,
                 "every K/V stage and column block starts 1024-byte aligned");
-  // barriers: q_full, full_k[2], full_v[2], empty[2] (+ q_empty when persistent)
-  static constexpr int kNumBars = 1 + 3 * kStages + (kPersistent ? 1 : 0);
+  // barriers: q_full, full_k[2], full_v[2], empty_k[2], empty_v[2] (+ q_empty when persistent)
+  static constexpr int kNumBars = 1 + 4 * kStages + (kPersistent ? 1 : 0);
   static constexpr int kSmemUsed = kBarOff + 8 * kNumBars;
   static constexpr int kSmemBytes = kSmemUsed + 1024;  // + slack for 1024-byte alignment
   // sm_90 opt-in maximum per block (227 KiB). D = 256: Q 64 KiB + 2 x (K + V) 32 KiB each at
-  // B_c = 64 = 192 KiB (+ barriers + slack = 197 688 B); B_c = 128 would need 320 KiB.
-  // D = 128, B_c = 176: Q 32 KiB + 2 x (K + V) 44 KiB each = 208 KiB (212 992 B) + 56 / 64 B of
-  // barriers + 1 KiB slack = 214 072 B (tmao) / 214 080 B (pers).
+  // B_c = 64 = 192 KiB (+ barriers + slack = 197 704 B); B_c = 128 would need 320 KiB.
+  // D = 128, B_c = 176: Q 32 KiB + 2 x (K + V) 44 KiB each = 208 KiB (212 992 B) + 72 / 80 B of
+  // barriers + 1 KiB slack = 214 088 B (tmao) / 214 096 B (pers).
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   // Descriptor fields are 14 bits of (bytes >> 4): start addresses (below 256 KiB, masked to 18
   // bits) and V's LBO = kKVBlockBytes (8 KiB at B_c = 64, 22 528 B = 1408 units at B_c = 176) fit;
@@ -182,10 +189,12 @@ __device__ __forceinline__ int num_key_tiles(const FwdParams& p, int q_tile) {
 // Producer and consumers walk the same t (the same loop header) through the
 // same set_tile and compute the same n_tiles per tile, so they enumerate the
 // same sequence of K/V loads g = 0, 1, 2, ...
-// (running over tile boundaries): load g uses stage g % 2 for the (g / 2)-th
-// time, so full_k/full_v[g % 2] complete their phase g / 2 with it (consumer
-// waits parity (g / 2) & 1) and empty[g % 2] must have completed phase g/2 - 1
-// before it is issued (producer waits parity (g / 2 - 1) & 1 when g >= 2).
+// (running over tile boundaries), once for K and once for V (two rings with the
+// same numbering): load g uses stage g % 2 for the (g / 2)-th time, so
+// full_k/full_v[g % 2] complete their phase g / 2 with it (consumer waits
+// parity (g / 2) & 1) and empty_k/empty_v[g % 2] must have completed phase
+// g/2 - 1 before it is issued (producer waits parity (g / 2 - 1) & 1 when
+// g >= 2).
 // The ring never re-initialises a barrier.
 // Q / O-staging hand-over, k = index of the tile within this CTA (0, 1, ...):
 //   q_full  (count 1): exactly one phase per tile, phase k. The producer
@@ -221,8 +230,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   const uint32_t bar_q = base + T::kBarOff;
   auto bar_full_k = [&](int s) { return bar_q + 8u * (1 + s); };
   auto bar_full_v = [&](int s) { return bar_q + 8u * (1 + T::kStages + s); };
-  auto bar_empty = [&](int s) { return bar_q + 8u * (1 + 2 * T::kStages + s); };
-  const uint32_t bar_q_empty = bar_q + 8u * (1 + 3 * T::kStages);  // kPersistent only
+  auto bar_empty_k = [&](int s) { return bar_q + 8u * (1 + 2 * T::kStages + s); };
+  auto bar_empty_v = [&](int s) { return bar_q + 8u * (1 + 3 * T::kStages + s); };
+  const uint32_t bar_q_empty = bar_q + 8u * (1 + 4 * T::kStages);  // kPersistent only
 
   // The current tile. Non-persistent: one per CTA, highest query tiles first
   // (under causal masking they see the most keys).
@@ -268,7 +278,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(bar_full_k(s), 1);
       mbar_init(bar_full_v(s), 1);
-      mbar_init(bar_empty(s), 4 * T::kConsumerWGs);  // one arrival per consumer warp
+      mbar_init(bar_empty_k(s), 4 * T::kConsumerWGs);  // one arrival per consumer warp
+      mbar_init(bar_empty_v(s), 4 * T::kConsumerWGs);
     }
     if constexpr (T::kPersistent) mbar_init(bar_q_empty, T::kConsumerWGs);  // one per consumer WG
     mbar_init_fence();
@@ -279,21 +290,24 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<T::kProducerRegs>();
     if (tid == 0) {
-      // Key tile j of the current tile as K/V load number g of this CTA.
-      auto load_kv = [&](auto g, int j, int kv_head) {
+      // Key tile j of the current tile as K (is_v false) or V load number g of this CTA.
+      auto load_tile = [&](bool is_v, uint32_t g, int j, int kv_head) {
         const int s = g % T::kStages;
-        const auto use = g / T::kStages;
-        if (use > 0) mbar_wait(bar_empty(s), (use - 1) & 1);
-        mbar_arrive_expect_tx(bar_full_k(s), T::kKVBytes);
+        const uint32_t use = g / T::kStages;
+        if (use > 0) mbar_wait(is_v ? bar_empty_v(s) : bar_empty_k(s), (use - 1) & 1);
+        const uint32_t full = is_v ? bar_full_v(s) : bar_full_k(s);
+        const uint32_t dst = (is_v ? sV : sK) + s * T::kKVBytes;
+        mbar_arrive_expect_tx(full, T::kKVBytes);
 #pragma unroll
         for (int b = 0; b < T::kDBlocks; ++b)
-          tma_load_4d(tm_k, sK + s * T::kKVBytes + b * T::kKVBlockBytes, bar_full_k(s), b * 64,
-                      j * kBN, kv_head, batch);
-        mbar_arrive_expect_tx(bar_full_v(s), T::kKVBytes);
-#pragma unroll
-        for (int b = 0; b < T::kDBlocks; ++b)
-          tma_load_4d(tm_v, sV + s * T::kKVBytes + b * T::kKVBlockBytes, bar_full_v(s), b * 64,
-                      j * kBN, kv_head, batch);
+          tma_load_4d(is_v ? tm_v : tm_k, dst + b * T::kKVBlockBytes, full, b * 64, j * kBN, kv_head, batch);
+      };
+      // Item i of a tile's K/V sequence K_0, K_1, V_0, K_2, V_1, ..., K_{n-1}, V_{n-2}, V_{n-1}:
+      // item 0 = K_0, item 2n-1 = V_{n-1}, odd i = K_{(i+1)/2}, even i = V_{i/2-1}.
+      auto load_item = [&](uint32_t g0, int i, int n, int kv_head) {
+        const bool is_v = i == 2 * n - 1 || (i > 0 && (i & 1) == 0);
+        const int j = i == 0 ? 0 : (i == 2 * n - 1 ? n - 1 : ((i & 1) ? (i + 1) / 2 : i / 2 - 1));
+        load_tile(is_v, g0 + j, j, kv_head);
       };
       auto load_q = [&]() {
         mbar_arrive_expect_tx(bar_q, T::kQBytes);
@@ -307,25 +321,25 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         for (int t = blockIdx.x; t < total_tiles; t += gridDim.x, ++k) {
           set_tile(t);
           const int kv_head = head / p.head_ratio;
-          // The first key tiles do not touch Q: issue them (they only wait for
-          // ring slots, freed before the previous tile's epilogue) so that
-          // they load while the consumers still store the previous tile's O.
-          const int pre = min(n_tiles, T::kStages);
-          for (int j = 0; j < pre; ++j) load_kv(g0 + j, j, kv_head);
+          // K_0, K_1, V_0 do not wait for anything of this tile (their ring
+          // slots are freed before the previous tile's epilogue): issue them
+          // so that they load while the consumers still store the previous O.
+          const int pre = min(3, 2 * n_tiles);
+          for (int i = 0; i < pre; ++i) load_item(g0, i, n_tiles, kv_head);
           // Q smem = both consumers' O staging: wait until tile k-1's epilogue
           // is complete in both (their TMA stores have read it).
           if (k > 0) mbar_wait(bar_q_empty, (k - 1) & 1);
           if (n_tiles > 0) load_q();
           else mbar_arrive(bar_q);  // q_full phase k without Q (hand-shake only)
-          // Key tiles >= 2 wait for slots that S_0 / S_1 of this tile free:
-          // they need Q, issued just above.
-          for (int j = pre; j < n_tiles; ++j) load_kv(g0 + j, j, kv_head);
+          // K_2 onwards waits for slots that S_0, S_1, ... of this tile free
+          // (they need Q, issued just above), V_1 onwards for P V of this tile.
+          for (int i = pre; i < 2 * n_tiles; ++i) load_item(g0, i, n_tiles, kv_head);
           g0 += n_tiles;
         }
       } else if (n_tiles > 0) {
         const int kv_head = head / p.head_ratio;
         load_q();
-        for (int j = 0; j < n_tiles; ++j) load_kv(j, j, kv_head);
+        for (int i = 0; i < 2 * n_tiles; ++i) load_item(0, i, n_tiles, kv_head);
       }
     }
     return;
@@ -442,10 +456,10 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       pa[t][3] = pack2<T::kBf16>(sacc[8 * t + 6], sacc[8 * t + 7]);  // row r+8, k 8..15
     }
   };
-  // Release a K/V stage: one arrival per warp once its wgmmas are complete.
-  auto release = [&](int s) {
+  // Release a K or V slot: one arrival per warp once its wgmmas reading it are complete.
+  auto release = [&](uint32_t empty_bar) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(bar_empty(s));
+    if (lane == 0) mbar_arrive(empty_bar);
   };
 
   // Ping-pong between the two consumer warpgroups (named barriers 1 and 2, 256
@@ -512,6 +526,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       pass_turn(n_tiles == 1);
       wgmma_wait<0>();
       fence_regs(sacc);
+      release(bar_empty_k(g0 % T::kStages));
       mask(sacc, 0);
       softmax(sacc, corr);  // O is still 0: no rescale needed
       convert_p(sacc, pa);
@@ -526,13 +541,14 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         issue_s(sacc, s);   // S_j = Q K_j^T
         issue_pv(pa, sp);   // O += P_{j-1} V_{j-1}
         pass_turn(j == n_tiles - 1);
-        wgmma_wait<1>();    // S_j done (PV may still run)
+        wgmma_wait<1>();    // S_j done (PV may still run): K_j's slot is free
         fence_regs(sacc);
+        release(bar_empty_k(s));
         mask(sacc, j);
         softmax(sacc, corr);
-        wgmma_wait<0>();    // PV done: O and P_{j-1} free again
+        wgmma_wait<0>();    // PV done: O and P_{j-1} free again, and V_{j-1}'s slot
         fence_regs(o);
-        release(sp);
+        release(bar_empty_v(sp));
         rescale_o(corr);
         convert_p(sacc, pa);
       }
@@ -544,7 +560,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       issue_pv(pa, sl);
       wgmma_wait<0>();  // also: every wgmma of this warpgroup (reads of Q) is complete
       fence_regs(o);
-      release(sl);
+      release(bar_empty_v(sl));
     }
 
     // ------------------------------------------------------------ epilogue
