@@ -459,14 +459,14 @@ _BACKWARD_SHAPES = [
     (32, 128, 128, 8, "k32"),         # 114 KiB
     (32, 128, 64, 8),                 # 50 KiB
     (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs", "hreg"),  # 162 KiB; 1.10-1.16x the plain k32 on an H200
-    (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs", "hreg", "lse1"),  # 160 KiB; not yet timed on a GPU
+    (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs", "hreg", "lse1"),  # 160 KiB; slower than hreg on every timed shape
     (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs"),          # 162 KiB
     (64, 128, 128, 8, "k32"),         # 162 KiB
     (64, 128, 64, 8),                 # 81 KiB (fits sm86/89)
     (96, 128, 64, 8, "k32"),          # 129 KiB
     (96, 128, 64, 8),                 # 113 KiB
     (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs", "hreg"),  # 161 KiB; 1.05-1.10x the plain k32 on an H200
-    (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs", "hreg", "lse1"),  # 160 KiB; not yet timed on a GPU
+    (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs", "hreg", "lse1"),  # 160 KiB; slower than hreg on every timed shape
     (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs"),          # 161 KiB
     (128, 128, 64, 8, "k32"),         # 161 KiB
     (128, 128, 64, 8),                # 145 KiB
@@ -499,14 +499,15 @@ def select_backward(names_filter=None, configs=None) -> list:
 
 # ---------------------------------------------------------------- Hopper forward kernels (flashop._C_sm90)
 #
-# Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.tmao|.pers[.lpt]]. wgmma + TMA, one producer and two consumer
-# warpgroups; "nopp" drops the ping-pong barriers that let one consumer's softmax run under the other's GEMMs;
+# Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.tmao|.pers[.lpt]]. wgmma + TMA, one producer and two
+# consumer warpgroups; "nopp" drops the ping-pong barriers that let one consumer's softmax run under the other's
+# GEMMs; "st3" gives the K/V ring 3 stages instead of 2;
 # "tmao" writes O through shared memory (the dead Q tile) with a TMA store; "pers" is the persistent kernel
 # (one CTA per SM walking the tiles; it always uses the TMA store, so "pers" implies "tmao"); "pers.lpt" walks
 # the tiles longest first over all heads and batches (query tile varying slowest; "lpt" requires "pers").
 # Built for sm_90a only: they run on compute capability 9.0 exactly.
 
-_HOPPER_SUFFIXES = ("nopp", "tmao", "pers", "lpt")
+_HOPPER_SUFFIXES = ("nopp", "st3", "tmao", "pers", "lpt")
 _HOPPER_HEADDIMS = (64, 128, 256)
 
 
@@ -520,12 +521,15 @@ class HopperConfig:
     tma_store: bool = False
     persistent: bool = False
     longest_first: bool = False  # persistent tile order: query tile slowest ("pers.lpt")
+    stages: int = 2  # K/V ring depth ("st3": 3)
 
     def __post_init__(self):
         if self.persistent and not self.tma_store:
             raise ValueError("HopperConfig: persistent implies tma_store (the 'pers' kernel stages O in shared memory)")
         if self.longest_first and not self.persistent:
             raise ValueError("HopperConfig: longest_first is a tile order of the persistent kernel ('lpt' needs 'pers')")
+        if self.stages not in (2, 3):
+            raise ValueError(f"HopperConfig: stages must be 2 or 3, got {self.stages}")
         if self.dtype not in DTYPES:
             raise ValueError(f"HopperConfig: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         # The static_asserts of Sm90FwdTraits (csrc/cuda/sm90/fwd_kernel.cuh): B_c = 176 (wgmma m64n176k16 for S,
@@ -542,6 +546,7 @@ class HopperConfig:
     def name(self) -> str:
         return (f"sm90.{self.dtype}.d{self.headdim}.br{self.block_m}.bc{self.block_n}"
                 + ("" if self.pingpong else ".nopp")
+                + ("" if self.stages == 2 else f".st{self.stages}")
                 + (".pers" if self.persistent else ".tmao" if self.tma_store else "")
                 + (".lpt" if self.longest_first else ""))
 
@@ -549,13 +554,15 @@ class HopperConfig:
         return tuple(capability) == (9, 0)
 
     def smem_bytes(self) -> int:
-        """Q tile + 2 stages x (K + V tiles) + 1024 B alignment slack + the mbarriers (csrc/cuda/sm90):
-        9 (q_full, full and empty of K and of V per stage), one more (q_empty) in the persistent kernel.
+        """Q tile + stages x (K + V tiles) + 1024 B alignment slack + the mbarriers (csrc/cuda/sm90):
+        q_full and, per stage, full and empty of K and of V (9 with 2 stages), one more (q_empty) in the
+        persistent kernel.
         The TMA-store epilogue reuses the Q tile. K/V column blocks are not padded: B_c * 128 bytes is a
         multiple of the 1024-byte swizzle atom for every B_c (a multiple of 16); d128 B_c = 176:
         212 992 + 1024 + 72 (80) = 214 088 (214 096) bytes."""
-        barriers = 9 + (1 if self.persistent else 0)
-        return ELEMENT_BYTES * self.headdim * (self.block_m + 4 * self.block_n) + 1024 + 8 * barriers
+        barriers = 1 + 4 * self.stages + (1 if self.persistent else 0)
+        return (ELEMENT_BYTES * self.headdim * (self.block_m + 2 * self.stages * self.block_n) + 1024
+                + 8 * barriers)
 
     @classmethod
     def parse(cls, name: str) -> "HopperConfig":
@@ -563,22 +570,22 @@ class HopperConfig:
         suffixes = parts[5:]
         if len(parts) < 5 or parts[0] != "sm90" or any(x not in _HOPPER_SUFFIXES for x in suffixes):
             raise ValueError(
-                f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.tmao|.pers[.lpt]]")
+                f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.tmao|.pers[.lpt]]")
         try:
             fields = int(parts[2][1:]), int(parts[3][2:]), int(parts[4][2:])
         except ValueError:
             raise ValueError(f"Hopper kernel config {name!r}: malformed field") from None
         persistent = "pers" in suffixes
         config = cls(parts[1], *fields, "nopp" not in suffixes, "tmao" in suffixes or persistent, persistent,
-                     "lpt" in suffixes)
+                     "lpt" in suffixes, 3 if "st3" in suffixes else 2)
         if config.name != name:
             raise ValueError(f"Hopper kernel config {name!r}: not in canonical form ({config.name})")
         return config
 
 
-# The plain-store configs first: the policy takes the first ping-pong config of a dtype and headdim.
-# d256 (B_c = 64: Q 64 KiB + 2 stages x (K + V) 32 KiB each fit the 227 KiB) is listed after the others,
-# plain store before "tmao" (the policy does not pick d256 by default yet: dispatch.hopper_min_seqlen_k).
+# The policy picks the one-tile-per-CTA TMA-store ("tmao") config of a dtype and headdim (dispatch.py); the
+# others are tuner candidates. d256 (B_c = 64: Q 64 KiB + 2 stages x (K + V) 32 KiB each fit the 227 KiB)
+# is listed after the others.
 HOPPER_FORWARD_CONFIGS = tuple(
     HopperConfig(dtype, d, pingpong=pp) for dtype in DTYPES for d in (64, 128) for pp in (True, False)
     if pp or dtype == "bf16") + tuple(
@@ -586,12 +593,12 @@ HOPPER_FORWARD_CONFIGS = tuple(
     for d in (64, 128)) + tuple(
     HopperConfig(dtype, 256, block_n=64, tma_store=tmao, persistent=pers)
     for tmao, pers in ((False, False), (True, False), (True, True)) for dtype in DTYPES) + tuple(
-    # d128 with B_c = 176 (FlashAttention-3's non-causal d128 tile), TMA-store and persistent variants only;
-    # listed last, so the policy keeps the bc128 configs and these run when named (or tuned).
+    # d128 with B_c = 176 (FlashAttention-3's non-causal d128 tile), TMA-store and persistent variants only.
     HopperConfig(dtype, 128, block_n=176, tma_store=True, persistent=pers) for pers in (False, True)
     for dtype in DTYPES) + tuple(
-    # The persistent kernel with the longest-first tile order ("pers.lpt"), after every config above (not yet
-    # timed on a GPU; the policy takes the first persistent config of a width, the ".pers" one; the tuner may
-    # pick these). The registry table in csrc/cuda/sm90/forward_sm90.cu lists the same names last.
+    # The persistent kernel with the longest-first tile order ("pers.lpt"). The registry table in
+    # csrc/cuda/sm90/forward_sm90.cu lists the same names in the same order.
     HopperConfig(dtype, d, block_n=bc, tma_store=True, persistent=True, longest_first=True)
-    for d, bc in ((128, 128), (128, 176), (256, 64), (64, 128)) for dtype in DTYPES)
+    for d, bc in ((128, 128), (128, 176), (256, 64), (64, 128)) for dtype in DTYPES) + tuple(
+    # One tile per CTA with a 3-stage K/V ring (fits at B_c = 128 for d64/d128; tuner candidates).
+    HopperConfig(dtype, d, tma_store=True, stages=3) for d in (128, 64) for dtype in DTYPES)

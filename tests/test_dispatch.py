@@ -34,9 +34,8 @@ def test_policy_returns_a_built_config_that_fits(device):
         config = dispatch.parse_config(name)
         assert name in ALL_BUILT, (problem, name)
         # The Hopper family where it runs (9.0) and takes the problem; the mma.sync family elsewhere.
-        # Headdims 128 and 256 always; headdim 64 too, except causal below 4096 keys (faster on mma.sync).
-        hopper_takes = (device.capability == (9, 0) and problem.headdim in (64, 128, 256)
-                        and problem.seqlen_k >= (4096 if problem.causal and problem.headdim == 64 else 0))
+        # Headdims 64, 128 and 256, at every length.
+        hopper_takes = device.capability == (9, 0) and problem.headdim in (64, 128, 256)
         assert name.startswith("sm90.") == hopper_takes, (device, problem, name)
         hopper_candidates = any(c.name.startswith("sm90.") for c in dispatch.candidates(device, problem, ALL_BUILT))
         assert hopper_candidates == (device.capability == (9, 0) and problem.headdim in (64, 128, 256)), (
@@ -54,25 +53,25 @@ def test_policy_uses_small_query_tiles_when_the_gpu_would_idle():
     assert KernelConfig.parse(dispatch.choose_config(h100, many, ALL_BUILT)[0]).block_m == 128
 
 
-def test_hopper_variant_persistent_except_short_causal():
+def test_hopper_variant_one_tile_per_cta_with_wide_key_tiles_on_long_problems():
     h100 = DEVICES["H100"]
-    pick = lambda sq, causal: dispatch.choose_config(h100, Problem("fp16", 128, sq, sq, 64, causal), ALL_BUILT)[0]  # noqa: E731
-    assert pick(1024, False) == pick(8192, True) == "sm90.fp16.d128.br128.bc176.pers"  # wide key tiles
-    assert pick(512, False) == "sm90.fp16.d128.br128.bc128.pers"
-    assert pick(1024, True) == "sm90.fp16.d128.br128.bc128.tmao"
-    # Causal headdim 256: one tile per CTA when short, longest-first persistent from 4096 queries.
-    pick256 = lambda sq: dispatch.choose_config(h100, Problem("bf16", 256, sq, sq, 16, True), ALL_BUILT)[0]  # noqa: E731
-    assert pick256(2048) == "sm90.bf16.d256.br128.bc64.tmao"
-    assert pick256(4096) == pick256(16384) == "sm90.bf16.d256.br128.bc64.pers.lpt"
+    pick = lambda s, causal, d=128: dispatch.choose_config(h100, Problem("fp16", d, s, s, 64, causal), ALL_BUILT)[0]  # noqa: E731
+    assert pick(2048, False) == pick(8192, True) == "sm90.fp16.d128.br128.bc176.tmao"  # wide key tiles
+    assert pick(1024, False) == pick(4096, True) == "sm90.fp16.d128.br128.bc128.tmao"
+    assert pick(512, True, 64) == "sm90.fp16.d64.br128.bc128.tmao"
+    assert pick(16384, True, 256) == "sm90.fp16.d256.br128.bc64.tmao"
+    # The persistent kernels are tuner candidates only.
+    assert not any(pick(s, causal, d).endswith((".pers", ".lpt"))
+                   for s in (512, 4096, 16384) for causal in (False, True) for d in (64, 128, 256))
     # Without the TMA-store builds the plain Hopper kernel still serves.
-    plain = [n for n in ALL_BUILT if not n.endswith((".pers", ".tmao"))]
+    plain = [n for n in ALL_BUILT if not n.endswith((".pers", ".tmao", ".lpt"))]
     assert dispatch.choose_config(h100, Problem("fp16", 128, 1024, 1024, 64, True), plain)[0] == "sm90.fp16.d128.br128.bc128"
 
 
 def test_policy_prefers_a_tuned_entry_and_ignores_bad_ones():
     h100, problem = DEVICES["H100"], Problem("bf16", 128, 4096, 4096, 128, True)
     key = dispatch.bucket_key(problem)
-    assert dispatch.choose_config(h100, problem, ALL_BUILT)[0] == "sm90.bf16.d128.br128.bc176.pers"
+    assert dispatch.choose_config(h100, problem, ALL_BUILT)[0] == "sm90.bf16.d128.br128.bc128.tmao"
     assert dispatch.choose_config(h100, problem, ALL_BUILT, {key: "bf16.d128.br128.bc32.w4"}) == (
         "bf16.d128.br128.bc32.w4", f"tuned cache entry {key}")
     default = dispatch.choose_config(h100, problem, ALL_BUILT)[0]

@@ -72,6 +72,11 @@ CONFIGS = [
     "sm90.fp16.d256.br128.bc64.pers.lpt",
     "sm90.bf16.d64.br128.bc128.pers.lpt",
     "sm90.fp16.d64.br128.bc128.pers.lpt",
+    # one tile per CTA, 3-stage K/V ring
+    "sm90.bf16.d128.br128.bc128.st3.tmao",
+    "sm90.fp16.d128.br128.bc128.st3.tmao",
+    "sm90.bf16.d64.br128.bc128.st3.tmao",
+    "sm90.fp16.d64.br128.bc128.st3.tmao",
 ]
 TMA_STORE_CONFIGS = [n for n in CONFIGS if n.endswith((".tmao", ".pers", ".pers.lpt"))]
 
@@ -212,7 +217,11 @@ def tma_store_reference(name):
     shape (the name minus its last suffix) where it is in CONFIGS; else, for a ".pers" config, the ".tmao" one
     of the same shape (B_c = 176 has no plain-store build; the persistent kernel's tile walk, Q/O-staging
     hand-over and K/V ring phases across tiles are then what differs); a ".pers.lpt" config: its ".pers"
-    sibling (only the tile order differs). None: nothing to compare with."""
+    sibling (only the tile order differs); a ".st3" config: its 2-stage sibling (only the K/V ring depth
+    differs). None: nothing to compare with."""
+    if ".st3." in name:
+        sibling = name.replace(".st3.", ".")
+        return sibling if sibling in CONFIGS else None
     if name.endswith(".pers.lpt"):
         sibling = name[: -len(".lpt")]
         return sibling if sibling in CONFIGS else None

@@ -70,7 +70,8 @@ if has compare; then
 fi
 if has policy; then
   step "policy vs best (tunes into a scratch cache)"
-  FLASHOP_CACHE_DIR="$OUT/cache" python3 -m flashop.tune --report "$OUT/policy.md" ${TUNE_ARGS:-} 2>&1 | grep -v "it/s\]" | tail -8
+  FLASHOP_CACHE_DIR="$OUT/cache" python3 -m flashop.tune --report "$OUT/policy.md" ${TUNE_ARGS:-} 2>&1 | grep -v "it/s\]" \
+    > "$OUT/policy.log"; tail -4 "$OUT/policy.log"
   cp "$OUT/cache/tuned_v1.json" "$OUT/tuned_cache.json" 2>/dev/null; rm -rf "$OUT/cache"
 fi
 if has profile; then

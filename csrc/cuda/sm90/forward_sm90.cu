@@ -155,6 +155,11 @@ using Bf16D256PersLpt = Sm90FwdTraits<true, 256, 128, 64, true, true, true, true
 using Fp16D256PersLpt = Sm90FwdTraits<false, 256, 128, 64, true, true, true, true>;
 using Bf16D64PersLpt = Sm90FwdTraits<true, 64, 128, 128, true, true, true, true>;
 using Fp16D64PersLpt = Sm90FwdTraits<false, 64, 128, 128, true, true, true, true>;
+// One tile per CTA, TMA store, a 3-stage K/V ring ("st3"; d64 and d128 at B_c = 128, where it fits).
+using Bf16D128St3Tmao = Sm90FwdTraits<true, 128, 128, 128, true, true, false, false, 3>;
+using Fp16D128St3Tmao = Sm90FwdTraits<false, 128, 128, 128, true, true, false, false, 3>;
+using Bf16D64St3Tmao = Sm90FwdTraits<true, 64, 128, 128, true, true, false, false, 3>;
+using Fp16D64St3Tmao = Sm90FwdTraits<false, 64, 128, 128, true, true, false, false, 3>;
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
@@ -171,8 +176,8 @@ const Sm90FwdKernel kKernels[] = {
     // without the consumer ping-pong barriers (A/B, debugging)
     entry<Bf16D128NoPP>("sm90.bf16.d128.br128.bc128.nopp"),
     entry<Bf16D64NoPP>("sm90.bf16.d64.br128.bc128.nopp"),
-    // Listed after the configs above: the policy takes the first ping-pong
-    // config of a dtype/headdim, so these run only when named (or tuned).
+    // The policy's picks on compute capability 9.0 (flashop/dispatch.py): the
+    // TMA-store configs below, one tile per CTA; the others are tuner candidates.
     entry<Bf16D128Tmao>("sm90.bf16.d128.br128.bc128.tmao"),
     entry<Fp16D128Tmao>("sm90.fp16.d128.br128.bc128.tmao"),
     entry<Bf16D64Tmao>("sm90.bf16.d64.br128.bc128.tmao"),
@@ -181,22 +186,19 @@ const Sm90FwdKernel kKernels[] = {
     entry<Fp16D128Pers>("sm90.fp16.d128.br128.bc128.pers"),
     entry<Bf16D64Pers>("sm90.bf16.d64.br128.bc128.pers"),
     entry<Fp16D64Pers>("sm90.fp16.d64.br128.bc128.pers"),
-    // Head dim 256 (the policy sends d256 to mma.sync by default until measured; see
-    // hopper_min_seqlen_k in flashop/dispatch.py).
+    // Head dim 256.
     entry<Bf16D256>("sm90.bf16.d256.br128.bc64"),
     entry<Fp16D256>("sm90.fp16.d256.br128.bc64"),
     entry<Bf16D256Tmao>("sm90.bf16.d256.br128.bc64.tmao"),
     entry<Fp16D256Tmao>("sm90.fp16.d256.br128.bc64.tmao"),
     entry<Bf16D256Pers>("sm90.bf16.d256.br128.bc64.pers"),
     entry<Fp16D256Pers>("sm90.fp16.d256.br128.bc64.pers"),
-    // D = 128 with 176 keys per tile (listed last: run when named or tuned; the policy keeps bc128).
+    // D = 128 with 176 keys per tile.
     entry<Bf16D128Bc176Tmao>("sm90.bf16.d128.br128.bc176.tmao"),
     entry<Fp16D128Bc176Tmao>("sm90.fp16.d128.br128.bc176.tmao"),
     entry<Bf16D128Bc176Pers>("sm90.bf16.d128.br128.bc176.pers"),
     entry<Fp16D128Bc176Pers>("sm90.fp16.d128.br128.bc176.pers"),
-    // Persistent with the longest-first tile order (after every config above: run when named or
-    // tuned; the policy picks the first persistent config of a width, i.e. the ".pers" one).
-    // Not yet timed on a GPU.
+    // Persistent with the longest-first tile order.
     entry<Bf16D128PersLpt>("sm90.bf16.d128.br128.bc128.pers.lpt"),
     entry<Fp16D128PersLpt>("sm90.fp16.d128.br128.bc128.pers.lpt"),
     entry<Bf16D128Bc176PersLpt>("sm90.bf16.d128.br128.bc176.pers.lpt"),
@@ -205,6 +207,11 @@ const Sm90FwdKernel kKernels[] = {
     entry<Fp16D256PersLpt>("sm90.fp16.d256.br128.bc64.pers.lpt"),
     entry<Bf16D64PersLpt>("sm90.bf16.d64.br128.bc128.pers.lpt"),
     entry<Fp16D64PersLpt>("sm90.fp16.d64.br128.bc128.pers.lpt"),
+    // A 3-stage K/V ring.
+    entry<Bf16D128St3Tmao>("sm90.bf16.d128.br128.bc128.st3.tmao"),
+    entry<Fp16D128St3Tmao>("sm90.fp16.d128.br128.bc128.st3.tmao"),
+    entry<Bf16D64St3Tmao>("sm90.bf16.d64.br128.bc128.st3.tmao"),
+    entry<Fp16D64St3Tmao>("sm90.fp16.d64.br128.bc128.st3.tmao"),
 };
 
 }  // namespace

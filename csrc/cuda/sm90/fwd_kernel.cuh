@@ -55,7 +55,7 @@ namespace flashop {
 namespace sm90 {
 
 template <bool kBf16_, int kHeadDim_, int kBlockM_, int kBlockN_, bool kPingPong_ = true,
-          bool kTmaStore_ = false, bool kPersistent_ = false, bool kLongestFirst_ = false>
+          bool kTmaStore_ = false, bool kPersistent_ = false, bool kLongestFirst_ = false, int kStages_ = 2>
 struct Sm90FwdTraits {
   static constexpr bool kBf16 = kBf16_;
   // Named-barrier ping-pong between the consumer warpgroups (off: "nopp"
@@ -71,7 +71,9 @@ struct Sm90FwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
-  static constexpr int kStages = 2;
+  // K/V ring depth ("st3": 3). Every ring index below is g % kStages, phase g / kStages.
+  static constexpr int kStages = kStages_;
+  static_assert(kStages >= 2, "the producer issues K_0, K_1, V_0 before it may wait on this tile");
   static constexpr int kConsumerWGs = kBlockM / 64;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
   static constexpr int kDBlocks = kHeadDim / 64;  // 64-element (128-byte) column blocks
