@@ -170,10 +170,11 @@ def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
     query tile sees fewer keys, and the diagonal tile is wider)."""
     per_tile = ([c for c in hopper if c.tma_store and not c.persistent and c.stages == 2]
                 or [c for c in hopper if not c.persistent] or hopper)
-    why = "heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, one tile per CTA"
     wide = problem.seqlen_k >= (8192 if problem.causal else 2048)
     pick = max(per_tile, key=lambda c: c.block_n if wide else -c.block_n)
-    return pick.name, why + f", {pick.block_n} keys per tile"
+    walk = "persistent" if pick.persistent else "one tile per CTA"
+    return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, {walk}, " \
+                      f"{pick.block_n} keys per tile"
 
 
 def _shape_of(config: KernelConfig):

@@ -1,4 +1,4 @@
-// FlashAttention-3-style forward for sm_90a: TMA loads, a 2-stage K/V ring
+// FlashAttention-3-style forward for sm_90a: TMA loads, a K/V ring (2 stages; 3 in "st3")
 // guarded by mbarriers, warp specialisation (1 producer warpgroup + 2 consumer
 // warpgroups of 64 query rows each), wgmma for S = Q K^T (both operands from
 // shared memory) and O += P V (P from registers, V MN-major from shared memory).
@@ -7,7 +7,7 @@
 //   producer (warpgroup 0, setmaxnreg.dec 24; one thread): Q once, then
 //     K_0, K_1, V_0, K_2, V_1, ..., K_{n-1}, V_{n-2}, V_{n-1} (K one key tile
 //     ahead of V: the order the consumers need them in). K_j: wait empty_k[s]
-//     (s = j % 2, from its 2nd use on) -> expect_tx + TMA -> full_k[s]; V_j the
+//     (s = j % kStages, from its 2nd use on) -> expect_tx + TMA -> full_k[s]; V_j the
 //     same on empty_v[s] / full_v[s].
 //   consumer c (warpgroups 1, 2; setmaxnreg.inc 240; rows 64c .. 64c+63):
 //     tile 0:  [turn] S_0 = Q K_0^T [pass]; softmax_0 -> P_0
@@ -118,7 +118,7 @@ struct Sm90FwdTraits {
                 "swizzle atoms");
   static_assert(kKOff % 1024 == 0 && kVOff % 1024 == 0 && kKVBytes % 1024 == 0,
                 "every K/V stage and column block starts 1024-byte aligned");
-  // barriers: q_full, full_k[2], full_v[2], empty_k[2], empty_v[2] (+ q_empty when persistent)
+  // barriers: q_full, full_k[S], full_v[S], empty_k[S], empty_v[S] (S = kStages; + q_empty when persistent)
   static constexpr int kNumBars = 1 + 4 * kStages + (kPersistent ? 1 : 0);
   static constexpr int kSmemUsed = kBarOff + 8 * kNumBars;
   static constexpr int kSmemBytes = kSmemUsed + 1024;  // + slack for 1024-byte alignment
@@ -192,11 +192,11 @@ __device__ __forceinline__ int num_key_tiles(const FwdParams& p, int q_tile) {
 // same set_tile and compute the same n_tiles per tile, so they enumerate the
 // same sequence of K/V loads g = 0, 1, 2, ...
 // (running over tile boundaries), once for K and once for V (two rings with the
-// same numbering): load g uses stage g % 2 for the (g / 2)-th time, so
-// full_k/full_v[g % 2] complete their phase g / 2 with it (consumer waits
-// parity (g / 2) & 1) and empty_k/empty_v[g % 2] must have completed phase
-// g/2 - 1 before it is issued (producer waits parity (g / 2 - 1) & 1 when
-// g >= 2).
+// same numbering): with S = kStages, load g uses slot g % S for the (g / S)-th
+// time, so full_k/full_v[g % S] complete their phase g / S with it (consumer
+// waits parity (g / S) & 1) and empty_k/empty_v[g % S] must have completed
+// phase g/S - 1 before it is issued (producer waits parity (g / S - 1) & 1
+// when g >= S).
 // The ring never re-initialises a barrier.
 // Q / O-staging hand-over, k = index of the tile within this CTA (0, 1, ...):
 //   q_full  (count 1): exactly one phase per tile, phase k. The producer
@@ -518,7 +518,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       uint32_t pa[kBN / 16][4];
       float corr[2];
 
-      // tile 0: S only (load g0 + 0 -> stage g0 % 2, phase g0 / 2)
+      // tile 0: S only (load g0 -> slot g0 % kStages, phase g0 / kStages)
       {
         const int s0 = g0 % T::kStages;
         mbar_wait(bar_full_k(s0), (g0 / T::kStages) & 1);
