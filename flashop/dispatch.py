@@ -167,10 +167,12 @@ def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
     scheduler balances unequal causal tiles better than a static stride, and the K/V ring no longer
     needs the persistent producer's prefetch across tiles. Keys per tile at headdim 128: 176 (fewer
     softmax, rescale and barrier rounds per key) from 2048 keys, from 8192 when causal (a causal
-    query tile sees fewer keys, and the diagonal tile is wider)."""
+    query tile sees fewer keys, and the diagonal tile is wider); 64 at headdim 256."""
     per_tile = ([c for c in hopper if c.tma_store and not c.persistent and c.stages == 2]
                 or [c for c in hopper if not c.persistent] or hopper)
-    wide = problem.seqlen_k >= (8192 if problem.causal else 2048)
+    # Widest key tile from the length where it measured faster (d128 only); elsewhere the narrowest
+    # (d256's 80-key tile is a tuner candidate until timed).
+    wide = problem.headdim == 128 and problem.seqlen_k >= (8192 if problem.causal else 2048)
     pick = max(per_tile, key=lambda c: c.block_n if wide else -c.block_n)
     walk = "persistent" if pick.persistent else "one tile per CTA"
     return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, {walk}, " \

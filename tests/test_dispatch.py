@@ -59,7 +59,7 @@ def test_hopper_variant_one_tile_per_cta_with_wide_key_tiles_on_long_problems():
     assert pick(2048, False) == pick(8192, True) == "sm90.fp16.d128.br128.bc176.tmao"  # wide key tiles
     assert pick(1024, False) == pick(4096, True) == "sm90.fp16.d128.br128.bc128.tmao"
     assert pick(512, True, 64) == "sm90.fp16.d64.br128.bc128.tmao"
-    assert pick(16384, True, 256) == "sm90.fp16.d256.br128.bc64.tmao"
+    assert pick(16384, True, 256) == pick(16384, False, 256) == "sm90.fp16.d256.br128.bc64.tmao"
     # The persistent kernels are tuner candidates only.
     assert not any(pick(s, causal, d).endswith((".pers", ".lpt"))
                    for s in (512, 4096, 16384) for causal in (False, True) for d in (64, 128, 256))

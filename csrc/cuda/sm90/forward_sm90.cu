@@ -160,6 +160,9 @@ using Bf16D128St3Tmao = Sm90FwdTraits<true, 128, 128, 128, true, true, false, fa
 using Fp16D128St3Tmao = Sm90FwdTraits<false, 128, 128, 128, true, true, false, false, 3>;
 using Bf16D64St3Tmao = Sm90FwdTraits<true, 64, 128, 128, true, true, false, false, 3>;
 using Fp16D64St3Tmao = Sm90FwdTraits<false, 64, 128, 128, true, true, false, false, 3>;
+// D = 256 with 80 keys per tile, one tile per CTA, TMA store.
+using Bf16D256Bc80Tmao = Sm90FwdTraits<true, 256, 128, 80, true, true>;
+using Fp16D256Bc80Tmao = Sm90FwdTraits<false, 256, 128, 80, true, true>;
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
@@ -212,6 +215,9 @@ const Sm90FwdKernel kKernels[] = {
     entry<Fp16D128St3Tmao>("sm90.fp16.d128.br128.bc128.st3.tmao"),
     entry<Bf16D64St3Tmao>("sm90.bf16.d64.br128.bc128.st3.tmao"),
     entry<Fp16D64St3Tmao>("sm90.fp16.d64.br128.bc128.st3.tmao"),
+    // D = 256, 80 keys per tile.
+    entry<Bf16D256Bc80Tmao>("sm90.bf16.d256.br128.bc80.tmao"),
+    entry<Fp16D256Bc80Tmao>("sm90.fp16.d256.br128.bc80.tmao"),
 };
 
 }  // namespace

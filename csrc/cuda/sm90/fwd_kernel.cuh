@@ -86,9 +86,11 @@ struct Sm90FwdTraits {
   // B_c is the N of the S = Q K^T wgmma (m64nB_ck16, B_c/2 accumulator registers) and B_c/16 k-steps
   // of P V. 176 (FlashAttention-3's non-causal d128 tile: 1.375x the work of 128 per softmax, O
   // rescale and barrier round) at D = 128 only: 88 S + 44 P + 64 O registers of the 240; at D = 256
-  // the shared memory does not fit, D = 64 is not built.
-  static_assert(kBlockN == 64 || kBlockN == 128 || (kBlockN == 176 && kHeadDim == 128),
-                "wgmma N of S: B_c 64 or 128 (176 at D = 128)");
+  // the shared memory does not fit, D = 64 is not built. 80 (FlashAttention-3's d256 tile) at
+  // D = 256 only: 40 S + 20 P + 128 O registers; Q 64 KiB + 2 x (K + V) 40 KiB each = 224 KiB.
+  static_assert(kBlockN == 64 || kBlockN == 128 || (kBlockN == 176 && kHeadDim == 128) ||
+                    (kBlockN == 80 && kHeadDim == 256),
+                "wgmma N of S: B_c 64 or 128 (176 at D = 128, 80 at D = 256)");
   static_assert(kBlockN % 16 == 0, "P V takes B_c/16 k16 steps");
   static_assert(!kPersistent || kTmaStore, "the persistent kernel stages O in the Q tile");
   static_assert(!kLongestFirst || kPersistent, "the longest-first order is a persistent tile order");

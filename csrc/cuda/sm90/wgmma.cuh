@@ -1,5 +1,5 @@
 // wgmma.mma_async wrappers: one template per A source, wgmma_ss (A from shared memory) and
-// wgmma_rs (A from registers), on <element type, N, tnspB>; N = 64, 128, 176 or 256 (hand-checked
+// wgmma_rs (A from registers), on <element type, N, tnspB>; N = 64, 80, 128, 176 or 256 (hand-checked
 // against the PTX ISA: with 16-bit A/B, N is any multiple of 8 from 8 to 256).
 // D (f32 accumulators) is m64 x N, N/2 registers per thread: per warp w of the warpgroup rows
 // 16w..16w+15; for n8 block i a thread holds d[4i+0..3] = (r, c), (r, c+1), (r+8, c), (r+8, c+1)
@@ -36,6 +36,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define FLASHOP_WG_ACC_32 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FLASHOP_WG_ACC_40 FLASHOP_WG_ACC_32 ", %32, %33, %34, %35, %36, %37, %38, %39"
 #define FLASHOP_WG_ACC_64 FLASHOP_WG_ACC_32 \
   ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
   ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
@@ -55,6 +56,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define FLASHOP_WG_D32(i) \
   FLASHOP_WG_D8(i), FLASHOP_WG_D8(i + 8), FLASHOP_WG_D8(i + 16), FLASHOP_WG_D8(i + 24)
 #define FLASHOP_WG_D_32 FLASHOP_WG_D32(0)
+#define FLASHOP_WG_D_40 FLASHOP_WG_D32(0), FLASHOP_WG_D8(32)
 #define FLASHOP_WG_D_64 FLASHOP_WG_D32(0), FLASHOP_WG_D32(32)
 #define FLASHOP_WG_D_88 \
   FLASHOP_WG_D32(0), FLASHOP_WG_D32(32), FLASHOP_WG_D8(64), FLASHOP_WG_D8(72), FLASHOP_WG_D8(80)
@@ -70,6 +72,13 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define FLASHOP_WG_ARG32_4 "%36"
 #define FLASHOP_WG_ARG32_5 "%37"
 #define FLASHOP_WG_ARG32_6 "%38"
+#define FLASHOP_WG_ARG40_0 "%40"
+#define FLASHOP_WG_ARG40_1 "%41"
+#define FLASHOP_WG_ARG40_2 "%42"
+#define FLASHOP_WG_ARG40_3 "%43"
+#define FLASHOP_WG_ARG40_4 "%44"
+#define FLASHOP_WG_ARG40_5 "%45"
+#define FLASHOP_WG_ARG40_6 "%46"
 #define FLASHOP_WG_ARG64_0 "%64"
 #define FLASHOP_WG_ARG64_1 "%65"
 #define FLASHOP_WG_ARG64_2 "%66"
@@ -117,10 +126,10 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
     else KIND(N, R, "f16.f16");                           \
   } while (0)
 
-// N widths with spelled operands (N/2 registers): 64 (32), 128 (64), 176 (88), 256 (128). Another
+// N widths with spelled operands (N/2 registers): 64 (32), 80 (40), 128 (64), 176 (88), 256 (128). Another
 // width needs its FLASHOP_WG_ACC_/D_/ARG entries and one line in each template below.
 template <int N>
-constexpr bool kWgmmaWidthSpelled = N == 64 || N == 128 || N == 176 || N == 256;
+constexpr bool kWgmmaWidthSpelled = N == 64 || N == 80 || N == 128 || N == 176 || N == 256;
 
 // D[64xN] (+)= A[64x16] (smem, K-major, descriptor) * B[16xN] (smem, descriptor, tnspB)
 template <bool kBf16, int N, int kTnspB>
@@ -129,6 +138,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
   static_assert(kWgmmaWidthSpelled<N>, "wgmma N not spelled in wgmma.cuh");
 #ifdef FLASHOP_SM90_ENABLED
   if constexpr (N == 64) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 64, 32);
+  else if constexpr (N == 80) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 80, 40);
   else if constexpr (N == 128) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 128, 64);
   else if constexpr (N == 176) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 176, 88);
   else if constexpr (N == 256) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 256, 128);
@@ -142,6 +152,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
   static_assert(kWgmmaWidthSpelled<N>, "wgmma N not spelled in wgmma.cuh");
 #ifdef FLASHOP_SM90_ENABLED
   if constexpr (N == 64) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 64, 32);
+  else if constexpr (N == 80) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 80, 40);
   else if constexpr (N == 128) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 128, 64);
   else if constexpr (N == 176) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 176, 88);
   else if constexpr (N == 256) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 256, 128);
@@ -159,6 +170,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #undef FLASHOP_WG_ACC_88
 #undef FLASHOP_WG_ACC_32
 #undef FLASHOP_WG_ACC_64
+#undef FLASHOP_WG_ACC_40
 #undef FLASHOP_WG_ARG128_0
 #undef FLASHOP_WG_ARG128_1
 #undef FLASHOP_WG_ARG128_2
@@ -180,6 +192,13 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #undef FLASHOP_WG_ARG32_4
 #undef FLASHOP_WG_ARG32_5
 #undef FLASHOP_WG_ARG32_6
+#undef FLASHOP_WG_ARG40_0
+#undef FLASHOP_WG_ARG40_1
+#undef FLASHOP_WG_ARG40_2
+#undef FLASHOP_WG_ARG40_3
+#undef FLASHOP_WG_ARG40_4
+#undef FLASHOP_WG_ARG40_5
+#undef FLASHOP_WG_ARG40_6
 #undef FLASHOP_WG_ARG64_0
 #undef FLASHOP_WG_ARG64_1
 #undef FLASHOP_WG_ARG64_2
@@ -193,3 +212,4 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #undef FLASHOP_WG_D_88
 #undef FLASHOP_WG_D_32
 #undef FLASHOP_WG_D_64
+#undef FLASHOP_WG_D_40
