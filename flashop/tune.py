@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 import warnings
 
 import torch
@@ -61,7 +62,8 @@ def tune(problems=None, device=None, write=True, progress=True, quiet=False):
         if not pool:
             continue
         default = dispatch.choose_config(info, problem, built)[0]
-        times = _time_candidates(problem, batch, heads, pool, index, default)
+        # The heuristic's pick is timed in every pass: it stays unless another config beats it clearly.
+        times = _time_candidates(problem, batch, heads, pool, index, default, keep=(default,))
         best = _pick(times, default)
         results[dispatch.bucket_key(problem)] = (best, times)
         if not quiet:  # every candidate, fastest first, as a fraction of the fastest's speed
@@ -136,17 +138,41 @@ def _check_rows_against_float32(problem, inputs, out, name, rows=16):
         raise RuntimeError(f"flashop.tune: {name} (the default for {problem}) disagrees with a float32 reference")
 
 
-def _time_candidates(problem, batch, heads, pool, index, default=None, rounds=3, confirm_rounds=3,
+def _timing_passes(names, measure, keep=(), rounds=3, confirm_rounds=3, contender_margin=0.03,
+                   prune_margin=0.15):
+    """{name: median of its per-pass times}. measure(name, pass_index) -> ms. `rounds` interleaved
+    passes (so a drift of the GPU's clock does not favour whichever config ran first), the configs
+    more than `prune_margin` behind after the first pass dropping out; then the contenders (within
+    `contender_margin` of the fastest) get `confirm_rounds` more passes. The configs in `keep` (the
+    ones a caller reports on) are never dropped and always get the confirmation passes, so their
+    times are measured as often as the winner's."""
+    samples = {name: [] for name in names}
+
+    def passes(subset, count):
+        for _ in range(count):
+            index = len(samples[subset[0]])
+            for name in subset:
+                samples[name].append(measure(name, index))
+
+    passes(list(samples), 1)
+    fastest = min(ms[0] for ms in samples.values())
+    alive = [name for name, ms in samples.items() if ms[0] <= fastest * (1 + prune_margin) or name in keep]
+    passes(alive, rounds - 1)
+    current = {name: statistics.median(samples[name]) for name in alive}
+    fastest = min(current.values())
+    contenders = [name for name, ms in current.items() if ms <= fastest * (1 + contender_margin) or name in keep]
+    if len(contenders) > 1:
+        passes(contenders, confirm_rounds)
+    return {name: statistics.median(ms) for name, ms in samples.items()}
+
+
+def _time_candidates(problem, batch, heads, pool, index, default=None, keep=(), rounds=3, confirm_rounds=3,
                      contender_margin=0.03, prune_margin=0.15, input_rotation=3):
     """Median CUDA-event time (ms) of each candidate. Candidates whose results disagree with those of
     `default` (the heuristic's pick; its forward output is itself checked against a float32 reference on
-    a few rows) are left out with a warning: the tuner never caches a wrong kernel. Then `rounds`
-    interleaved passes (so a drift of the GPU's clock does not favour whichever config ran first), the
-    configs more than `prune_margin` behind after the first pass dropping out; then the contenders
-    (within `contender_margin` of the fastest) get `confirm_rounds` more passes. A config's time is the
-    median of its per-pass medians: one disturbed pass cannot crown (or sink) it."""
-    import statistics
-
+    a few rows) are left out with a warning: the tuner never caches a wrong kernel. Then the timing
+    passes of _timing_passes (`keep`: configs timed as often as the winner). A config's time is the
+    median of its per-pass CUDA-event medians: one disturbed pass cannot crown (or sink) it."""
     import triton.testing
 
     # A few independent input sets, one per pass in turn: where the tensors land in memory moves a
@@ -175,32 +201,20 @@ def _time_candidates(problem, batch, heads, pool, index, default=None, rounds=3,
     reference = runner(reference_name, input_sets[0])()
     if problem.direction == "forward":
         _check_rows_against_float32(problem, input_sets[0], reference[0], reference_name)
-    samples = {}
+    agreeing = []
     for name in names:
         if name == reference_name or _agrees(runner(name, input_sets[0])(), reference):
-            samples[name] = []
+            agreeing.append(name)
         else:
             warnings.warn(f"flashop.tune: {name} disagrees with {reference_name} on {problem}; not a candidate",
                           RuntimeWarning, stacklevel=2)
 
-    def passes(names, count):
-        for _ in range(count):
-            inputs = input_sets[len(samples[names[0]]) % len(input_sets)]
-            for name in names:
-                samples[name].append(triton.testing.do_bench(runner(name, inputs), warmup=5, rep=30,
-                                                             return_mode="median"))
+    def measure(name, pass_index):  # pass k runs on input set k mod input_rotation
+        inputs = input_sets[pass_index % len(input_sets)]
+        return triton.testing.do_bench(runner(name, inputs), warmup=5, rep=30, return_mode="median")
 
-    # Pass 1 times everything; configs far behind (beyond prune_margin) are not timed again.
-    passes(list(samples), 1)
-    fastest = min(ms[0] for ms in samples.values())
-    alive = [name for name, ms in samples.items() if ms[0] <= fastest * (1 + prune_margin)]
-    passes(alive, rounds - 1)
-    current = {name: statistics.median(samples[name]) for name in alive}
-    fastest = min(current.values())
-    contenders = [name for name, ms in current.items() if ms <= fastest * (1 + contender_margin)]
-    if len(contenders) > 1:
-        passes(contenders, confirm_rounds)
-    return {name: statistics.median(ms) for name, ms in samples.items()}
+    return _timing_passes(agreeing, measure, [name for name in keep if name in agreeing], rounds, confirm_rounds,
+                          contender_margin, prune_margin)
 
 
 def policy_report(problems=None, device=None, progress=True):
@@ -222,9 +236,10 @@ def policy_report(problems=None, device=None, progress=True):
         if not pool:
             continue
         heuristic = dispatch.choose_config(info, problem, built)[0]
-        times = _time_candidates(problem, batch, heads, pool, index, heuristic)
-        best = min(times, key=times.get)
         cached = dispatch.choose_config(info, problem, built, tuned)[0]
+        # The two picks are what the report is about: timed in every pass, like the winner.
+        times = _time_candidates(problem, batch, heads, pool, index, heuristic, keep=(heuristic, cached))
+        best = min(times, key=times.get)
         # A cached pick that no longer agrees with the default was left out of `times`: ratio 0.
         rows.append((problem, best, times[best], heuristic, times[best] / times[heuristic], cached,
                      times[best] / times[cached] if cached in times else 0.0))

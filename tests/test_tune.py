@@ -66,3 +66,28 @@ def test_tuner_checks_the_default_against_float32(causal):
     nan = out.clone()
     nan[1, 7, 2, 3] = float("nan")
     assert not tune_module._agrees(nan, out)
+
+
+def test_timing_passes_prune_confirm_and_keep():
+    """The tuner's pass schedule, with made-up times: configs far behind drop out after pass 1, near
+    ties get the confirmation passes, `keep` configs are timed in every pass, and a config's time is the
+    median of its passes (one disturbed pass does not decide)."""
+    base = {"fast": 1.0, "close": 1.02, "far": 1.5, "kept": 1.4}
+    calls = []
+
+    def measure(name, pass_index):
+        calls.append((name, pass_index))
+        return base[name] * (3.0 if (name, pass_index) == ("close", 1) else 1.0)  # one disturbed pass
+
+    times = tune_module._timing_passes(list(base), measure, keep=("kept",), rounds=3, confirm_rounds=2,
+                                       contender_margin=0.03, prune_margin=0.15)
+    count = {name: sum(1 for n, _ in calls if n == name) for name in base}
+    assert count == {"fast": 5, "close": 5, "far": 1, "kept": 5}
+    assert times == pytest.approx(base)
+    # Passes are interleaved: pass k of every timed config runs before pass k+1 of any.
+    order = [index for _, index in calls]
+    assert order == sorted(order)
+    # Without `keep`, the slow config is measured once only.
+    calls.clear()
+    tune_module._timing_passes(list(base), measure, rounds=3, confirm_rounds=2)
+    assert sum(1 for n, _ in calls if n == "kept") == 1
