@@ -320,7 +320,7 @@ def selected_configs(
 
 # ---------------------------------------------------------------- backward kernels
 #
-# Names: bwd.<dtype>.d<D>.bc<B_c>.br<B_r>.w<warps>[.k32][.q1][.dpe][.dqe][.pfs][.hreg][.lse1]; FLASHOP_BWD_KERNELS
+# Names: bwd.<dtype>.d<D>.bc<B_c>.br<B_r>.w<warps>[.k32][.q1][.dpe][.dqe][.pfs][.hreg]; FLASHOP_BWD_KERNELS
 # selects a subset to build. The flags (csrc/cuda/bwd_config.h says more):
 #   k32   32 keys per warp (FlashAttention-2's warp tiles; P^T/dS^T staged in shared memory)
 #   q1    one Q/dO buffer instead of two
@@ -328,11 +328,9 @@ def selected_configs(
 #   dqe   dQ and its atomics first after the barrier, issued under the dV/dK mma  (staged path)
 #   pfs   next tile's cp.async after the S^T product, branch-free               (staged path, not q1)
 #   hreg  dV/dK take the warp's own half of P^T/dS^T from registers            (dpe, two warps per key slice)
-#   lse1  next tile's lse*log2e and D into registers with pfs's prefetch (ld.global; no lse/D shared memory)
-#                                                                             (dpe, pfs)
 
 # Backward flag names in bwd_config.h's order (bit i = BACKWARD_FLAGS[i]).
-BACKWARD_FLAGS = ("k32", "q1", "dpe", "dqe", "pfs", "hreg", "lse1")
+BACKWARD_FLAGS = ("k32", "q1", "dpe", "dqe", "pfs", "hreg")
 
 
 @dataclass(frozen=True)
@@ -376,7 +374,7 @@ class BackwardConfig:
         stages = 1 if "q1" in self.flags else 2
         d, n, m = self.headdim, self.block_n, self.block_m
         return (2 * d * n * 2 + stages * 2 * d * m * 2 + 2 * n * m
-                + (2 * n * m if self.warps_d > 1 else 0) + (0 if "lse1" in self.flags else stages * 2 * m * 4))
+                + (2 * n * m if self.warps_d > 1 else 0) + stages * 2 * m * 4)
 
     def validate(self) -> None:
         """The static_asserts of BwdConfig, so a bad entry fails here, not in nvcc."""
@@ -400,15 +398,13 @@ class BackwardConfig:
         elif (self.block_m // self.warps_d) % 16 or (self.headdim // self.warps_d) % 16:
             bad.append("warp tiles must be multiples of 16 (queries and head dims per warp)")
         else:
-            staged_only = [f for f in ("dpe", "dqe", "pfs", "hreg", "lse1") if f in self.flags]
+            staged_only = [f for f in ("dpe", "dqe", "pfs", "hreg") if f in self.flags]
             if staged_only and self.warps_d < 2:
                 bad.append(f"flags {', '.join(staged_only)} need warps sharing a key slice (P^T/dS^T staged)")
             if "pfs" in self.flags and "q1" in self.flags:
                 bad.append("pfs needs two Q/dO stages (not q1)")
             if "hreg" in self.flags and ("dpe" not in self.flags or self.warps_d != 2):
                 bad.append("hreg needs dpe and exactly two warps per key slice")
-            if "lse1" in self.flags and ("dpe" not in self.flags or "pfs" not in self.flags):
-                bad.append("lse1 needs dpe and pfs")
         if not any(self.block_m % (16 * wm) == 0 and self.headdim % (16 * (self.warps // wm)) == 0
                    for wm in (1, 2, 4, 8) if self.warps % wm == 0):
             bad.append("no dQ warp grid")
@@ -451,22 +447,16 @@ def _bwd_cfg(dtype, d, bc, br, w, *flags):
 # query tile 144 -> 128 at d64, 144 -> 136 at d128); 0 spills on sm_90 and
 # sm_80 (the d128 k32 row spills 8 bytes on sm_90). Listed after the k32
 # default until timed on a GPU.
-# "...hreg.lse1" rows: lse*log2e and D of the next query tile loaded into
-# registers (ld.global) during the current one, so the exponent follows S^T's
-# mma without a shared load; 0 spills on sm_90. Listed right after the
-# measured hreg defaults until timed on a GPU (the tuner may pick them).
 _BACKWARD_SHAPES = [
     (32, 128, 128, 8, "k32"),         # 114 KiB
     (32, 128, 64, 8),                 # 50 KiB
     (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs", "hreg"),  # 162 KiB; 1.10-1.16x the plain k32 on an H200
-    (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs", "hreg", "lse1"),  # 160 KiB; slower than hreg on every timed shape
     (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs"),          # 162 KiB
     (64, 128, 128, 8, "k32"),         # 162 KiB
     (64, 128, 64, 8),                 # 81 KiB (fits sm86/89)
     (96, 128, 64, 8, "k32"),          # 129 KiB
     (96, 128, 64, 8),                 # 113 KiB
     (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs", "hreg"),  # 161 KiB; 1.05-1.10x the plain k32 on an H200
-    (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs", "hreg", "lse1"),  # 160 KiB; slower than hreg on every timed shape
     (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs"),          # 161 KiB
     (128, 128, 64, 8, "k32"),         # 161 KiB
     (128, 128, 64, 8),                # 145 KiB

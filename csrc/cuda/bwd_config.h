@@ -64,14 +64,6 @@ enum BwdFlag : unsigned {
   // query tile d64 br128: 144 -> 128 ldmatrix, d128 br64: 144 -> 136), for
   // 2*KT*NQ registers held across the barrier.
   kBwdFlagOwnHalfRegs = 1u << 5,
-  // lse1 (with dpe and pfs): lse*log2e and D of query tile i+1 go straight from
-  // the workspaces into registers (ld.global.nc, 2*NQ floats each per thread),
-  // issued during tile i between dV and dK (earlier, e.g. with pfs's copies,
-  // they live through the register peak and d128 spills); at tile i+1 they are
-  // ready before S^T, so the exponent follows S^T's mma without a shared load
-  // (ptxas kept those below S^T). No lse/D cp.async, no lse/D shared memory.
-  // Without a next step the loads re-read the current tile (in bounds).
-  kBwdFlagLseRegs = 1u << 6,
 };
 
 struct BwdFlagName {
@@ -85,7 +77,6 @@ inline constexpr BwdFlagName kBwdFlagNames[] = {
     {kBwdFlagDQEarly, "dqe"},
     {kBwdFlagPrefetchS, "pfs"},
     {kBwdFlagOwnHalfRegs, "hreg"},
-    {kBwdFlagLseRegs, "lse1"},
 };
 
 // Shared-memory footprint; one formula for the compile-time struct and the
@@ -100,7 +91,7 @@ inline constexpr std::size_t bwd_smem_bytes_for(int headdim, int block_n, int bl
          + std::size_t(stages) * 2 * headdim * block_m * 2      // Q, dO tiles per stage
          + std::size_t(2) * block_n * block_m                   // dS^T
          + (warps_d > 1 ? std::size_t(2) * block_n * block_m : 0)  // P^T (split warps only)
-         + ((flags & kBwdFlagLseRegs) ? 0 : std::size_t(stages) * 2 * block_m * 4);  // lse*log2e, D per stage
+         + std::size_t(stages) * 2 * block_m * 4;               // lse*log2e and D per stage
 }
 
 template <DType kDType_, int kHeadDim_, int kBlockN_, int kBlockM_, int kWarps_, unsigned kFlags_ = 0>
@@ -120,7 +111,6 @@ struct BwdConfig {
   static constexpr bool kDQEarly = (kFlags & kBwdFlagDQEarly) != 0;
   static constexpr bool kPrefetchS = (kFlags & kBwdFlagPrefetchS) != 0;
   static constexpr bool kOwnHalfRegs = (kFlags & kBwdFlagOwnHalfRegs) != 0;
-  static constexpr bool kLseRegs = (kFlags & kBwdFlagLseRegs) != 0;
 
   // S^T / dP^T / dK / dV warp grid.
   static constexpr int kKeysPerWarp = kKeys32 ? 32 : 16;
@@ -164,11 +154,10 @@ struct BwdConfig {
   static_assert(kDimsPerWarp % 16 == 0, "each warp's dK/dV tile needs a multiple of 16 head dims");
   static_assert(kWarpsMdQ > 0, "no warp grid for dQ = dS K fits (B_r, D)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory beyond any sm80+ device");
-  static_assert(!(kDPEarly || kDQEarly || kPrefetchS || kOwnHalfRegs || kLseRegs) || kStagePT,
-                "dpe, dqe, pfs, hreg, lse1 change the staged path: they need warps sharing a key slice (kWarpsD > 1)");
+  static_assert(!(kDPEarly || kDQEarly || kPrefetchS || kOwnHalfRegs) || kStagePT,
+                "dpe, dqe, pfs, hreg change the staged path: they need warps sharing a key slice (kWarpsD > 1)");
   static_assert(!kPrefetchS || kDoubleBuffer, "pfs needs two Q/dO stages (not q1)");
   static_assert(!kOwnHalfRegs || (kDPEarly && kWarpsD == 2), "hreg needs dpe and exactly two warps per key slice");
-  static_assert(!kLseRegs || (kDPEarly && kPrefetchS), "lse1 needs dpe and pfs");
 };
 
 // The same configuration as run-time values (registry entries, error messages).

@@ -95,9 +95,6 @@ struct State {
   long long spins = 0;
   long long collectives = 0;
   long long progress = 0;  // completed barriers and finished fibers
-  // Global buffers a plain global load may read (lse1's ld.global of lse_log2
-  // and D); empty: unchecked. Set by the test around a launch.
-  std::vector<std::pair<const void*, std::size_t>> load_ranges;
 };
 
 inline State& state() {
@@ -278,20 +275,6 @@ inline void cp_async_16(uint32_t dst, const void* src, bool valid) {
     do_copy(c);
   else
     state().fibers[state().cur].open.push_back(c);
-}
-
-// A plain global load of `bytes` at p: aligned, and (when the test registered
-// the buffers) inside one of them; the workspace padding rows are inside.
-inline void check_global_load(const void* p, std::size_t bytes) {
-  if (reinterpret_cast<uintptr_t>(p) % bytes != 0) fail("misaligned global load");
-  const auto& rs = state().load_ranges;
-  if (rs.empty()) return;
-  const auto* c = static_cast<const unsigned char*>(p);
-  for (const auto& r : rs) {
-    const auto* lo = static_cast<const unsigned char*>(r.first);
-    if (c >= lo && c + bytes <= lo + r.second) return;
-  }
-  fail("global load outside the registered buffers");
 }
 
 inline void cp_async_commit() {

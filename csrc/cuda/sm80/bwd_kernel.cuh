@@ -37,9 +37,6 @@
 //        P^T and dS^T stores;  dqe: dQ and its atomics first after the barrier,
 //        then dV, dK;  pfs: the prefetch after S^T instead of before it;
 //   hreg: dV/dK read only the other warp's half of P^T/dS^T from shared memory.
-//   lse1: lse_log2/D of step it+1 loaded into registers (ld.global) during
-//        step it (between dV and dK), so at step it+1 the exponent and dS^T
-//        wait on no shared load (ptxas placed those below S^T's mma).
 // Query rows past Sq load as zeros and their lse*log2e is +inf (padding of
 // the workspace), so their P is 0 and they contribute nothing: only keys need
 // an explicit tail mask.
@@ -115,10 +112,8 @@ struct BwdSmem {
   static constexpr uint32_t kDS = kDO + Cfg::kStages * QTile::kBytes;
   static constexpr uint32_t kPT = kDS + STile::kBytes;
   static constexpr uint32_t kLse = kPT + (Cfg::kStagePT ? STile::kBytes : 0);
-  // lse1 keeps lse_log2/D in registers: no space for them.
-  static constexpr uint32_t kLseBytes = Cfg::kLseRegs ? 0 : Cfg::kStages * Cfg::kBlockM * 4;
-  static constexpr uint32_t kDsum = kLse + kLseBytes;
-  static constexpr uint32_t kBytes = kDsum + kLseBytes;
+  static constexpr uint32_t kDsum = kLse + Cfg::kStages * Cfg::kBlockM * 4;
+  static constexpr uint32_t kBytes = kDsum + Cfg::kStages * Cfg::kBlockM * 4;
   static_assert(kBytes == Cfg::kSmemBytes, "bwd_smem_bytes_for() and the kernel's map disagree");
 };
 
@@ -414,7 +409,6 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
                               p.seqlen_q, tid);
     load_tile_async<QTile, T>(uDO + stage * QTile::kBytes, gDO0 + hq * p.do_head_stride, p.do_row_stride, row0,
                               p.seqlen_q, tid);
-    if constexpr (!Cfg::kLseRegs) {  // lse1: lse/D go to registers (load_lse_regs)
     // The workspaces are padded to kBwdSeqQPad rows: the whole tile is in bounds.
     const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + row0;
     constexpr int kVecs = M / 4;
@@ -422,7 +416,6 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
       cp_async_16(uLse + stage * M * 4 + tid * 16, p.lse_log2 + row + tid * 4, true);
     else if (tid < 2 * kVecs)
       cp_async_16(uDsum + stage * M * 4 + (tid - kVecs) * 16, p.dsum + row + (tid - kVecs) * 4, true);
-    }
   };
   // pfs: the same copies without a branch (one 16-byte lse/D copy per thread
   // under a predicate), so that their address arithmetic can be scheduled
@@ -434,36 +427,16 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
                               p.seqlen_q, tid, enable);
     load_tile_async<QTile, T>(uDO + stage * QTile::kBytes, gDO0 + hq * p.do_head_stride, p.do_row_stride, row0,
                               p.seqlen_q, tid, enable);
-    if constexpr (!Cfg::kLseRegs) {
     const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + row0;
     constexpr int kVecs = M / 4;
     const bool is_lse = tid < kVecs;
     const int v = is_lse ? tid : tid - kVecs;
     cp_async_16_if((is_lse ? uLse : uDsum) + stage * M * 4 + v * 16, (is_lse ? p.lse_log2 : p.dsum) + row + v * 4,
                    enable, tid < 2 * kVecs);
-    }
-  };
-  // lse1: lse_log2 and D of tile (hq, m) for the warp's queries (the columns
-  // of its S^T accumulators: pair nq at 16*(wd + WD*(nq/2)) + 8*(nq%2) + 2t),
-  // straight into registers. (hq, m) must be a real step (in the workspaces,
-  // padded to kBwdSeqQPad rows, so the whole tile is in bounds).
-  constexpr int NL = Cfg::kLseRegs ? NQ : 1;
-  auto load_lse_regs = [&](int hq_l, int m_l, float2 (&l2)[NL], float2 (&d2)[NL]) {
-    const int64_t row = (int64_t(b) * p.heads_q + hq_l) * p.seqlen_q_rounded + m_l * M + (16 * wd + 2 * t);
-#pragma unroll
-    for (int nq = 0; nq < NL; ++nq) {
-      const int col = 16 * WD * (nq >> 1) + 8 * (nq & 1);
-      l2[nq] = ldg_f32x2(p.lse_log2 + row + col);
-      d2[nq] = ldg_f32x2(p.dsum + row + col);
-    }
   };
   int hq = hk * p.head_ratio, m = m_tiles - 1;  // the current step
   if (total > 0) load_step(hq, m, 0);
   cp_async_commit();
-  // lse1: the current step's lse_log2/D (tile (hq, m_tiles - 1) is in bounds
-  // even when the walk is empty).
-  float2 lse_cur[NL], d_cur[NL];
-  if constexpr (Cfg::kLseRegs) load_lse_regs(hq, m, lse_cur, d_cur);
 
   float acc_dv[KT][ND][4], acc_dk[KT][ND][4];
   zero(acc_dv);
@@ -494,12 +467,7 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
     float2 lse2[Cfg::kDPEarly ? NQ : 1];
     if constexpr (Cfg::kDPEarly) {
 #pragma unroll
-      for (int nq = 0; nq < NQ; ++nq) {
-        if constexpr (Cfg::kLseRegs)
-          lse2[nq] = lse_cur[nq];  // loaded during the previous step
-        else
-          lse2[nq] = lds_f32x2(baseL + (16 * WD * (nq >> 1) + 8 * (nq & 1)) * 4);
-      }
+      for (int nq = 0; nq < NQ; ++nq) lse2[nq] = lds_f32x2(baseL + (16 * WD * (nq >> 1) + 8 * (nq & 1)) * 4);
     }
 
     // S^T = K Q^T for the warp's keys x queries.
@@ -516,20 +484,6 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
       load_step_nobranch(has_next ? hq_next : hq, has_next ? m_next : m, stage ^ 1, has_next);
       cp_async_commit();
     }
-    // lse1: the next step's lse_log2/D into registers, used from the top of
-    // the next step; issued between dV and dK (where hreg's own P^T registers
-    // die: issued with pfs's copies or right after the barrier, the values
-    // live through the S^T/dP^T or dV register peak and d128 spills), so the
-    // dK product and the next barrier cover their latency. Without a next
-    // step the current tile is read again (advance() would name a query head
-    // past the group, maybe past heads_q).
-    float2 lse_nxt[NL], d_nxt[NL];
-    auto prefetch_lse = [&] {
-      if constexpr (Cfg::kLseRegs) {
-        const bool has_next = it + 1 < total;
-        load_lse_regs(has_next ? hq_next : hq, has_next ? m_next : m, lse_nxt, d_nxt);
-      }
-    };
 
     // P^T = exp2(S^T * scale*log2e - lse_log2). Element e of accumulator
     // [mt][nq] is key (row) key_row0 + 16mt + g + 8(e/2), query (column)
@@ -610,12 +564,8 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
       // exp2, and P^T, dS^T to shared memory.
       float2 dd[NQ];
 #pragma unroll
-      for (int nq = 0; nq < NQ; ++nq) {
-        if constexpr (Cfg::kLseRegs)
-          dd[nq] = d_cur[nq];
-        else
-          dd[nq] = lds_f32x2(baseL + kDsumFromLse + (16 * WD * (nq >> 1) + 8 * (nq & 1)) * 4);
-      }
+      for (int nq = 0; nq < NQ; ++nq)
+        dd[nq] = lds_f32x2(baseL + kDsumFromLse + (16 * WD * (nq >> 1) + 8 * (nq & 1)) * 4);
 #pragma unroll
       for (int mt = 0; mt < KT; ++mt)
 #pragma unroll
@@ -675,12 +625,10 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
       if constexpr (Cfg::kOwnHalfRegs) {
         gemm_half_regs<KT, NQ / 2, ND, 2 * WD, STile, QTile, Elem>(acc_dv, own_p, baseS_o + kPTfromDS,
                                                                    uQs + offQ_own + kDOfromQ, uQs + offQ_oth + kDOfromQ);
-        prefetch_lse();
         gemm_half_regs<KT, NQ / 2, ND, 2 * WD, STile, QTile, Elem>(acc_dk, own_ds, baseS_o, uQs + offQ_own,
                                                                    uQs + offQ_oth);
       } else {
         gemm_sb<KT, M, ND, 2 * WD, STile, QTile, Elem>(acc_dv, baseS_a + kPTfromDS, baseQ_t + kDOfromQ);
-        prefetch_lse();
         gemm_sb<KT, M, ND, 2 * WD, STile, QTile, Elem>(acc_dk, baseS_a, baseQ_t);
       }
     };
@@ -780,13 +728,6 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
       if (tid == 0) red_release_add(sem, 1);
     }
     }  // !kDQEarly
-    if constexpr (Cfg::kLseRegs) {
-#pragma unroll
-      for (int nq = 0; nq < NL; ++nq) {
-        lse_cur[nq] = lse_nxt[nq];
-        d_cur[nq] = d_nxt[nq];
-      }
-    }
     hq = hq_next;
     m = m_next;
   }

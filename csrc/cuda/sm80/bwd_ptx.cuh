@@ -78,12 +78,6 @@ inline float2 lds_f32x2(uint32_t addr) {
   std::memcpy(&v, emu::smem_base() + addr, 8);
   return v;
 }
-inline float2 ldg_f32x2(const float* p) {
-  emu::check_global_load(p, 8);
-  float2 v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
 inline int ld_acquire(const int* p) { return *p; }
 inline void red_release_add(int* p, int v) { *p += v; }
 inline void spin_pause() { emu::spin_pause(); }
@@ -145,10 +139,6 @@ FLASHOP_BWD_DEV float2 lds_f32x2(uint32_t addr) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
   return v;
 }
-// Two floats from global memory that no thread writes during the kernel
-// (ld.global.nc; not volatile: ptxas places it, lse1's loop-carried values
-// keep it in the tile that issues it).
-FLASHOP_BWD_DEV float2 ldg_f32x2(const float* p) { return __ldg(reinterpret_cast<const float2*>(p)); }
 
 // ldmatrix.x4: lanes 8i..8i+7 give the addresses of the 8 rows (16 bytes each)
 // of matrix i; r[i] holds matrix i. Plain: lane l gets row l/4, columns
