@@ -8,7 +8,7 @@
 #   COMPARE_ARGS narrows it (flashop.tune arguments), e.g. "--headdims 128 --directions backward".
 # policy: tune, then measure the policy's picks against the best config per shape.
 # profile: Nsight Compute on one kernel launch of tools/profile_case.py (PROFILE_ARGS, PROFILE_KERNEL);
-#   the details page goes to the log, the per-instruction SASS counters to profile_sass.csv.
+#   the report, its details page, and a per-instruction stall listing (tools/ncu_sass_listing.py).
 # SANITIZE_CONFIGS (config patterns) and SANITIZE_TOOLS narrow the sanitizer stage.
 # quick: a short benchmark (seqlens 1k/4k/16k, d64/d128, bf16). Extra arguments for the benchmark
 # go in BENCH_ARGS. Offline wheels under .whl/ (e.g. expecttest) are installed first.
@@ -80,7 +80,9 @@ if has profile; then
     -o "$OUT/profile" -f python3 tools/profile_case.py ${PROFILE_ARGS:-} > "$OUT/profile_run.log" 2>&1 || status=1
   tail -3 "$OUT/profile_run.log"
   ncu --import "$OUT/profile.ncu-rep" --page details > "$OUT/profile_details.txt" 2>&1
-  ncu --import "$OUT/profile.ncu-rep" --page source --csv --print-source sass > "$OUT/profile_sass.csv" 2>&1
+  ncu --import "$OUT/profile.ncu-rep" --page source --csv --print-source sass > /tmp/profile_sass.csv 2>&1
+  python3 tools/ncu_sass_listing.py /tmp/profile_sass.csv > "$OUT/profile_sass.txt" 2>&1 || status=1
+  head -14 "$OUT/profile_sass.txt"
   grep -E "Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Registers Per" "$OUT/profile_details.txt" | head -12
 fi
 step "done (status $status)"
