@@ -523,12 +523,14 @@ class HopperConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"HopperConfig: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         # The static_asserts of Sm90FwdTraits (csrc/cuda/sm90/fwd_kernel.cuh): B_c = 176 (wgmma m64n176k16 for S,
-        # 11 k-steps of P V) at D = 128 only, B_c = 80 at D = 256 only.
-        if (self.headdim not in _HOPPER_HEADDIMS or self.block_m != 128
+        # 11 k-steps of P V) at D = 128 only, B_c = 80 at D = 256 only; B_r = 192 (three consumer warpgroups) at
+        # D = 64 without the persistent scheduler.
+        if (self.headdim not in _HOPPER_HEADDIMS
+                or not (self.block_m == 128 or (self.block_m == 192 and self.headdim == 64 and not self.persistent))
                 or not (self.block_n in (64, 128) or (self.block_n == 176 and self.headdim == 128)
                         or (self.block_n == 80 and self.headdim == 256))):
-            raise ValueError(f"HopperConfig {self.name!r}: the kernel takes D in {_HOPPER_HEADDIMS}, B_r = 128, "
-                             "B_c 64 or 128 (or 176 at D = 128, 80 at D = 256)")
+            raise ValueError(f"HopperConfig {self.name!r}: the kernel takes D in {_HOPPER_HEADDIMS}, B_r = 128 (or "
+                             "192 at D = 64, not persistent), B_c 64 or 128 (or 176 at D = 128, 80 at D = 256)")
         if self.smem_bytes() > MAX_SMEM_BYTES:
             raise ValueError(f"HopperConfig {self.name!r}: needs {self.smem_bytes()} bytes of shared memory, "
                              f"more than {MAX_SMEM_BYTES}")
@@ -594,4 +596,6 @@ HOPPER_FORWARD_CONFIGS = tuple(
     # One tile per CTA with a 3-stage K/V ring (fits at B_c = 128 for d64/d128; tuner candidates).
     HopperConfig(dtype, d, tma_store=True, stages=3) for d in (128, 64) for dtype in DTYPES) + tuple(
     # d256 with B_c = 80 (FlashAttention-3's d256 tile; 230 472 bytes of shared memory), one tile per CTA.
-    HopperConfig(dtype, 256, block_n=80, tma_store=True) for dtype in DTYPES)
+    HopperConfig(dtype, 256, block_n=80, tma_store=True) for dtype in DTYPES) + tuple(
+    # d64 with B_r = 192 (three consumer warpgroups; FlashAttention-3's d64 tile), one tile per CTA.
+    HopperConfig(dtype, 64, block_m=192, tma_store=True) for dtype in DTYPES)

@@ -168,7 +168,7 @@ def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
     needs the persistent producer's prefetch across tiles. Keys per tile at headdim 128: 176 (fewer
     softmax, rescale and barrier rounds per key) from 2048 keys, from 8192 when causal (a causal
     query tile sees fewer keys, and the diagonal tile is wider); 64 at headdim 256."""
-    per_tile = ([c for c in hopper if c.tma_store and not c.persistent and c.stages == 2]
+    per_tile = ([c for c in hopper if c.tma_store and not c.persistent and c.stages == 2 and c.block_m == 128]
                 or [c for c in hopper if not c.persistent] or hopper)
     # Widest key tile from the length where it measured faster (d128 only); elsewhere the narrowest
     # (d256's 80-key tile is a tuner candidate until timed).

@@ -80,6 +80,9 @@ CONFIGS = [
     # d256 with 80 keys per tile
     "sm90.bf16.d256.br128.bc80.tmao",
     "sm90.fp16.d256.br128.bc80.tmao",
+    # d64 with 192 query rows per tile (three consumer warpgroups)
+    "sm90.bf16.d64.br192.bc128.tmao",
+    "sm90.fp16.d64.br192.bc128.tmao",
 ]
 TMA_STORE_CONFIGS = [n for n in CONFIGS if n.endswith((".tmao", ".pers", ".pers.lpt"))]
 

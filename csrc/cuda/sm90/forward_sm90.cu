@@ -163,6 +163,9 @@ using Fp16D64St3Tmao = Sm90FwdTraits<false, 64, 128, 128, true, true, false, fal
 // D = 256 with 80 keys per tile, one tile per CTA, TMA store.
 using Bf16D256Bc80Tmao = Sm90FwdTraits<true, 256, 128, 80, true, true>;
 using Fp16D256Bc80Tmao = Sm90FwdTraits<false, 256, 128, 80, true, true>;
+// D = 64 with 192 query rows per tile (three consumer warpgroups), one tile per CTA, TMA store.
+using Bf16D64Br192Tmao = Sm90FwdTraits<true, 64, 192, 128, true, true>;
+using Fp16D64Br192Tmao = Sm90FwdTraits<false, 64, 192, 128, true, true>;
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
@@ -218,6 +221,9 @@ const Sm90FwdKernel kKernels[] = {
     // D = 256, 80 keys per tile.
     entry<Bf16D256Bc80Tmao>("sm90.bf16.d256.br128.bc80.tmao"),
     entry<Fp16D256Bc80Tmao>("sm90.fp16.d256.br128.bc80.tmao"),
+    // D = 64, 192 query rows per tile.
+    entry<Bf16D64Br192Tmao>("sm90.bf16.d64.br192.bc128.tmao"),
+    entry<Fp16D64Br192Tmao>("sm90.fp16.d64.br192.bc128.tmao"),
 };
 
 }  // namespace

@@ -1,6 +1,6 @@
 // FlashAttention-3-style forward for sm_90a: TMA loads, a K/V ring (2 stages; 3 in "st3")
 // guarded by mbarriers, warp specialisation (1 producer warpgroup + 2 consumer
-// warpgroups of 64 query rows each), wgmma for S = Q K^T (both operands from
+// warpgroups of 64 query rows each; 3 at B_r = 192), wgmma for S = Q K^T (both operands from
 // shared memory) and O += P V (P from registers, V MN-major from shared memory).
 //
 // Per tile: one query tile of kBlockM = 128 rows of one (batch, head).
@@ -78,7 +78,10 @@ struct Sm90FwdTraits {
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
   static constexpr int kDBlocks = kHeadDim / 64;  // 64-element (128-byte) column blocks
 
-  static_assert(kBlockM == 128, "two consumer warpgroups of 64 rows");
+  // Two consumer warpgroups of 64 rows; three (B_r = 192, FlashAttention-3's d64 tile: more rows
+  // per K/V tile and per producer) at D = 64, one tile per CTA only.
+  static_assert(kBlockM == 128 || (kBlockM == 192 && kHeadDim_ == 64 && !kPersistent_),
+                "B_r 128, or 192 at D = 64 without the persistent scheduler");
   // D is the N of the P V wgmma (m64nDk16, D/2 accumulator registers per consumer thread: 128 at
   // D = 256, within the 240-register consumer budget next to S (B_c/2) and P (B_c/4)) and
   // D/64 column blocks everywhere else (TMA boxes, descriptors, O staging).
@@ -136,7 +139,8 @@ struct Sm90FwdTraits {
                 "descriptor / tx range");
 
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  // 512 threads at B_r = 192: 24 x 128 + 160 x 384 = 64 512 of the 65 536 registers.
+  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= 65536, "regs");
 };
 
@@ -469,6 +473,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // Ping-pong between the two consumer warpgroups (named barriers 1 and 2, 256
   // threads): a warpgroup issues its GEMMs only on its turn, then hands the
   // turn over, so its softmax runs under the other warpgroup's GEMMs.
+  // Three consumers (B_r = 192): the same as a ring 0 -> 1 -> 2 -> 0 on
+  // barriers 1..3, warpgroup 2 opening and skipping its last hand-over.
   // Turns alternate c=0, c=1, c=0, ...; warpgroup 1 opens the first turn of
   // warpgroup 0 and skips the hand-over after its last turn, so every bar.sync
   // meets exactly one bar.arrive. (Persistent: the same per tile. Warpgroup 1
@@ -476,25 +482,34 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // warpgroup 0's last hand-over of tile k, i.e. after warpgroup 0's last
   // bar.sync 1 of tile k: at most one bar.arrive is ever pending per barrier.)
   constexpr int kTurnThreads = 256;
+  constexpr int kWGs = T::kConsumerWGs;
   auto wait_turn = [&]() {
     if constexpr (T::kPingPong) {
       if (c == 0) named_bar_sync<1, kTurnThreads>();
-      else named_bar_sync<2, kTurnThreads>();
+      else if (kWGs == 2 || c == 1) named_bar_sync<2, kTurnThreads>();
+      else named_bar_sync<3, kTurnThreads>();
     }
   };
   auto pass_turn = [&](bool last) {
     if constexpr (T::kPingPong) {
       if (c == 0) named_bar_arrive<2, kTurnThreads>();
+      else if (kWGs == 3 && c == 1) named_bar_arrive<3, kTurnThreads>();
       else if (!last) named_bar_arrive<1, kTurnThreads>();
     }
   };
 
   // The 128 threads of this consumer warpgroup (kTmaStore epilogue): named
-  // barrier 3 (consumer 0) or 4 (consumer 1). Compile-time ids, so ptxas
-  // reserves 5 barriers, not all 16.
+  // barrier 3 (consumer 0) or 4 (consumer 1); 4, 5, 6 with three consumers.
+  // Compile-time ids, so ptxas reserves 5 (7) barriers, not all 16.
   auto epilogue_bar = [&]() {
-    if (c == 0) named_bar_sync<3, 128>();
-    else named_bar_sync<4, 128>();
+    if constexpr (kWGs == 2) {
+      if (c == 0) named_bar_sync<3, 128>();
+      else named_bar_sync<4, 128>();
+    } else {
+      if (c == 0) named_bar_sync<4, 128>();
+      else if (c == 1) named_bar_sync<5, 128>();
+      else named_bar_sync<6, 128>();
+    }
   };
 
   // One tile: main loop and epilogue. g0: number of K/V loads of this CTA
@@ -512,7 +527,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
 
     if (n_tiles > 0) {
       if constexpr (T::kPingPong) {
-        if (c == 1) named_bar_arrive<1, kTurnThreads>();
+        if (c == kWGs - 1) named_bar_arrive<1, kTurnThreads>();
       }
       if constexpr (!T::kPersistent) mbar_wait(bar_q, q_parity);
 
