@@ -435,6 +435,17 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
                    enable, tid < 2 * kVecs);
   };
   int hq = hk * p.head_ratio, m = m_tiles - 1;  // the current step
+  // Deterministic mode: wait until the key tiles before this one have added
+  // their dQ to query tile (hq, m); returns its semaphore (nullptr otherwise),
+  // released after this tile's atomics.
+  auto wait_dq_turn = [&]() -> int* {
+    if (!p.deterministic) return nullptr;
+    int* sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * p.num_m_blocks + m;
+    if (tid == 0)
+      while (ld_acquire(sem) != n_block) spin_pause();
+    barrier();
+    return sem;
+  };
   if (total > 0) load_step(hq, m, 0);
   cp_async_commit();
 
@@ -642,13 +653,7 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
       // dqe: the semaphore wait first (deterministic mode), then dQ_i += dS K_j
       // and its atomics, then dV and dK: the atomics and their address math sit
       // in the same basic block as the dV/dK mma and issue under them.
-      int* sem = nullptr;
-      if (p.deterministic) {
-        sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * p.num_m_blocks + m;
-        if (tid == 0)
-          while (ld_acquire(sem) != n_block) spin_pause();
-        barrier();
-      }
+      int* sem = wait_dq_turn();
       {
         float dq[MTQ][NTQ][4];
         zero(dq);
@@ -696,13 +701,7 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
     zero(dq);
     gemm_tb<MTQ, NTQ, N, 2 * WMQ, 2 * WDQ, STile, KVTile, Elem>(dq, baseS_t, baseK_t);
 
-    int* sem = nullptr;
-    if (p.deterministic) {
-      sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * p.num_m_blocks + m;
-      if (tid == 0)
-        while (ld_acquire(sem) != n_block) spin_pause();
-      barrier();
-    }
+    int* sem = wait_dq_turn();
     // This thread's fragment (row g, columns 2t, 2t+1 of the warp's first
     // tile); every other fragment is a compile-time offset from it.
     const int lane_row = 16 * wqm + g;
