@@ -320,7 +320,7 @@ def selected_configs(
 
 # ---------------------------------------------------------------- backward kernels
 #
-# Names: bwd.<dtype>.d<D>.bc<B_c>.br<B_r>.w<warps>[.k32][.q1][.dpe][.dqe][.pfs][.hreg]; FLASHOP_BWD_KERNELS
+# Names: bwd.<dtype>.d<D>.bc<B_c>.br<B_r>.w<warps>[.k32][.q1][.dpe][.dqe][.pfs][.hreg][.qup]; FLASHOP_BWD_KERNELS
 # selects a subset to build. The flags (csrc/cuda/bwd_config.h says more):
 #   k32   32 keys per warp (FlashAttention-2's warp tiles; P^T/dS^T staged in shared memory)
 #   q1    one Q/dO buffer instead of two
@@ -328,9 +328,11 @@ def selected_configs(
 #   dqe   dQ and its atomics first after the barrier, issued under the dV/dK mma  (staged path)
 #   pfs   next tile's cp.async after the S^T product, branch-free               (staged path, not q1)
 #   hreg  dV/dK take the warp's own half of P^T/dS^T from registers            (dpe, two warps per key slice)
+#   qup   query tiles walked upward (causal: from the diagonal; else from a start rotated by the key tile),
+#         so concurrent key tiles add dQ to different query tiles (not in deterministic mode)
 
 # Backward flag names in bwd_config.h's order (bit i = BACKWARD_FLAGS[i]).
-BACKWARD_FLAGS = ("k32", "q1", "dpe", "dqe", "pfs", "hreg")
+BACKWARD_FLAGS = ("k32", "q1", "dpe", "dqe", "pfs", "hreg", "qup")
 
 
 @dataclass(frozen=True)
@@ -451,12 +453,14 @@ _BACKWARD_SHAPES = [
     (32, 128, 128, 8, "k32"),         # 114 KiB
     (32, 128, 64, 8),                 # 50 KiB
     (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs", "hreg"),  # 162 KiB; 1.10-1.16x the plain k32 on an H200
+    (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs", "hreg", "qup"),  # 162 KiB; the default's walk spreading dQ
     (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs"),          # 162 KiB
     (64, 128, 128, 8, "k32"),         # 162 KiB
     (64, 128, 64, 8),                 # 81 KiB (fits sm86/89)
     (96, 128, 64, 8, "k32"),          # 129 KiB
     (96, 128, 64, 8),                 # 113 KiB
     (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs", "hreg"),  # 161 KiB; 1.05-1.10x the plain k32 on an H200
+    (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs", "hreg", "qup"),  # 161 KiB; the default's walk spreading dQ
     (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs"),          # 161 KiB
     (128, 128, 64, 8, "k32"),         # 161 KiB
     (128, 128, 64, 8),                # 145 KiB

@@ -160,23 +160,28 @@ def heuristic_order(problem: "Problem") -> list:
     return small + large if short else large + small
 
 
+# Seqlen_k (non-causal, causal) from which the larger Hopper tile of a headdim measured faster in the
+# H200 policy runs (docs/policy.md): 192 query rows at d64 (three consumer warpgroups), 176 keys at
+# d128, 80 keys at d256. A causal query tile sees fewer keys, so the larger tile pays off later.
+LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 2048)}
+
+
 def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
-    """Among the built Hopper ping-pong configs: one tile per CTA with the TMA-store epilogue. In an
-    H200 policy run it was the fastest of all built configs (persistent with either tile order and
-    mma.sync included) on 65 of the 72 benchmark shapes (docs/policy.md): the hardware block
-    scheduler balances unequal causal tiles better than a static stride, and the K/V ring no longer
-    needs the persistent producer's prefetch across tiles. Keys per tile at headdim 128: 176 (fewer
-    softmax, rescale and barrier rounds per key) from 2048 keys, from 8192 when causal (a causal
-    query tile sees fewer keys, and the diagonal tile is wider); 64 at headdim 256."""
-    per_tile = ([c for c in hopper if c.tma_store and not c.persistent and c.stages == 2 and c.block_m == 128]
+    """Among the built Hopper ping-pong configs: one tile per CTA with the TMA-store epilogue. In the
+    H200 policy runs it was the fastest of all built configs (persistent with either tile order and
+    mma.sync included) on nearly every benchmark shape (docs/policy.md): the hardware block scheduler
+    balances unequal causal tiles better than a static stride. Of its tile sizes, the largest from the
+    length in LARGE_HOPPER_TILE_FROM (fewer softmax, rescale and barrier rounds per FLOP), else the
+    smallest (more CTAs, a narrower causal diagonal)."""
+    per_tile = ([c for c in hopper if c.tma_store and not c.persistent and c.stages == 2]
                 or [c for c in hopper if not c.persistent] or hopper)
-    # Widest key tile from the length where it measured faster (d128 only); elsewhere the narrowest
-    # (d256's 80-key tile is a tuner candidate until timed).
-    wide = problem.headdim == 128 and problem.seqlen_k >= (8192 if problem.causal else 2048)
-    pick = max(per_tile, key=lambda c: c.block_n if wide else -c.block_n)
+    from_non_causal, from_causal = LARGE_HOPPER_TILE_FROM.get(problem.headdim, (1 << 62, 1 << 62))
+    large = problem.seqlen_k >= (from_causal if problem.causal else from_non_causal)
+    area = lambda c: c.block_m * c.block_n  # noqa: E731
+    pick = max(per_tile, key=area) if large else min(per_tile, key=area)
     walk = "persistent" if pick.persistent else "one tile per CTA"
     return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, {walk}, " \
-                      f"{pick.block_n} keys per tile"
+                      f"{pick.block_m} x {pick.block_n} tiles"
 
 
 def _shape_of(config: KernelConfig):

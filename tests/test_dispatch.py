@@ -53,13 +53,15 @@ def test_policy_uses_small_query_tiles_when_the_gpu_would_idle():
     assert KernelConfig.parse(dispatch.choose_config(h100, many, ALL_BUILT)[0]).block_m == 128
 
 
-def test_hopper_variant_one_tile_per_cta_with_wide_key_tiles_on_long_problems():
+def test_hopper_variant_one_tile_per_cta_with_large_tiles_on_long_problems():
     h100 = DEVICES["H100"]
     pick = lambda s, causal, d=128: dispatch.choose_config(h100, Problem("fp16", d, s, s, 64, causal), ALL_BUILT)[0]  # noqa: E731
     assert pick(2048, False) == pick(8192, True) == "sm90.fp16.d128.br128.bc176.tmao"  # wide key tiles
     assert pick(1024, False) == pick(4096, True) == "sm90.fp16.d128.br128.bc128.tmao"
-    assert pick(512, True, 64) == "sm90.fp16.d64.br128.bc128.tmao"
-    assert pick(16384, True, 256) == pick(16384, False, 256) == "sm90.fp16.d256.br128.bc64.tmao"
+    assert pick(1024, True, 64) == "sm90.fp16.d64.br128.bc128.tmao"
+    assert pick(512, False, 64) == pick(2048, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
+    assert pick(512, False, 256) == pick(1024, True, 256) == "sm90.fp16.d256.br128.bc64.tmao"
+    assert pick(1024, False, 256) == pick(2048, True, 256) == "sm90.fp16.d256.br128.bc80.tmao"
     # The persistent kernels are tuner candidates only.
     assert not any(pick(s, causal, d).endswith((".pers", ".lpt"))
                    for s in (512, 4096, 16384) for causal in (False, True) for d in (64, 128, 256))

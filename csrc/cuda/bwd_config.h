@@ -64,6 +64,12 @@ enum BwdFlag : unsigned {
   // query tile d64 br128: 144 -> 128 ldmatrix, d128 br64: 144 -> 136), for
   // 2*KT*NQ registers held across the barrier.
   kBwdFlagOwnHalfRegs = 1u << 5,
+  // qup: query tiles walked upward (non-deterministic mode only): causal from
+  // the first visible tile (the diagonal), otherwise from a start rotated by
+  // the key tile, wrapping. Concurrent key tiles then add their dQ to
+  // different query tiles instead of all to the same one. Deterministic mode
+  // keeps the downward walk its dQ semaphores rely on.
+  kBwdFlagWalkUp = 1u << 6,
 };
 
 struct BwdFlagName {
@@ -77,6 +83,7 @@ inline constexpr BwdFlagName kBwdFlagNames[] = {
     {kBwdFlagDQEarly, "dqe"},
     {kBwdFlagPrefetchS, "pfs"},
     {kBwdFlagOwnHalfRegs, "hreg"},
+    {kBwdFlagWalkUp, "qup"},
 };
 
 // Shared-memory footprint; one formula for the compile-time struct and the
@@ -111,6 +118,7 @@ struct BwdConfig {
   static constexpr bool kDQEarly = (kFlags & kBwdFlagDQEarly) != 0;
   static constexpr bool kPrefetchS = (kFlags & kBwdFlagPrefetchS) != 0;
   static constexpr bool kOwnHalfRegs = (kFlags & kBwdFlagOwnHalfRegs) != 0;
+  static constexpr bool kWalkUp = (kFlags & kBwdFlagWalkUp) != 0;
 
   // S^T / dP^T / dK / dV warp grid.
   static constexpr int kKeysPerWarp = kKeys32 ? 32 : 16;

@@ -126,6 +126,10 @@ bool run_suite(const char* name, bool quick) {
     {2, 150, 60, 3, 1, true, true, 0, 1.3f},
     {1, 64, 128, 1, 1, false, true, 0, 1.0f},
   };
+  if (Cfg::kWalkUp) {  // several query and key tiles: the rotated and the diagonal-first walks
+    cases.push_back({1, 300, 270, 2, 1, false, false, 0, 1.0f});
+    cases.push_back({1, 270, 300, 2, 1, true, false, 0, 1.0f});
+  }
   if (quick) {
     cases = {
       {1, 1, 1, 1, 1, false, false, 0, 1.0f},
@@ -169,6 +173,10 @@ int main(int argc, char** argv) {
   CASE("bf16.d64.bc128.br128.w8.k32.dpe.dqe.pfs.hreg", DType::kBf16, 64, 128, 128, 8, kAll)
   CASE("fp16.d128.bc128.br64.w8.k32.dpe.dqe.pfs.hreg", DType::kFp16, 128, 128, 64, 8, kAll)
   CASE("bf16.d128.bc128.br64.w8.k32.dpe.dqe.pfs", DType::kBf16, 128, 128, 64, 8, kAll & ~kBwdFlagOwnHalfRegs)
+  // qup: the upward walks (causal from the diagonal, else rotated by the key tile).
+  CASE("fp16.d64.bc128.br128.w8.k32.dpe.dqe.pfs.hreg.qup", DType::kFp16, 64, 128, 128, 8, kAll | kBwdFlagWalkUp)
+  CASE("bf16.d128.bc128.br64.w8.k32.dpe.dqe.pfs.hreg.qup", DType::kBf16, 128, 128, 64, 8, kAll | kBwdFlagWalkUp)
+  CASE("bf16.d64.bc64.br64.w4.qup", DType::kBf16, 64, 64, 64, 4, kBwdFlagWalkUp)
   CASE("fp16.d64.bc128.br128.w8.k32.dpe", DType::kFp16, 64, 128, 128, 8, kBwdFlagKeys32 | kBwdFlagDPEarly)
   CASE("bf16.d32.bc128.br128.w8.k32.dqe.pfs", DType::kBf16, 32, 128, 128, 8, kBwdFlagKeys32 | kBwdFlagDQEarly | kBwdFlagPrefetchS)
   CASE("fp16.d192.bc64.br64.w8.k32.q1.dpe.dqe", DType::kFp16, 192, 64, 64, 8,

@@ -392,7 +392,18 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
 
   // Steps walk (query head of the group, query tile), tiles from the last one
   // down: step it+1 of (hq, m) is (hq, m-1), or (hq+1, last tile) after m_first.
+  // qup (not deterministic): upward from m_start, wrapping from the last tile
+  // to m_first; the next head starts when the walk is back at m_start.
+  const bool walk_up = Cfg::kWalkUp && !p.deterministic;
+  const int m_start = !walk_up ? m_tiles - 1 : m_first + (p.causal || per_head == 0 ? 0 : n_block % per_head);
   auto advance = [&](int& hq, int& m) {
+    if constexpr (Cfg::kWalkUp) {
+      if (walk_up) {
+        m = m + 1 == m_tiles ? m_first : m + 1;
+        if (m == m_start) ++hq;
+        return;
+      }
+    }
     if (m > m_first) {
       --m;
     } else {
@@ -434,7 +445,7 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
     cp_async_16_if((is_lse ? uLse : uDsum) + stage * M * 4 + v * 16, (is_lse ? p.lse_log2 : p.dsum) + row + v * 4,
                    enable, tid < 2 * kVecs);
   };
-  int hq = hk * p.head_ratio, m = m_tiles - 1;  // the current step
+  int hq = hk * p.head_ratio, m = m_start;  // the current step
   // Deterministic mode: wait until the key tiles before this one have added
   // their dQ to query tile (hq, m); returns its semaphore (nullptr otherwise),
   // released after this tile's atomics.
