@@ -67,14 +67,18 @@ def tune(problems=None, device=None, write=True, progress=True, quiet=False):
         best = _pick(times, default)
         results[dispatch.bucket_key(problem)] = (best, times)
         if not quiet:  # every candidate, fastest first, as a fraction of the fastest's speed
-            fastest = min(times.values())
-            ranking = ", ".join(f"{name} {fastest / ms:.3f}" for name, ms in sorted(times.items(), key=lambda kv: kv[1]))
-            tqdm.write(f"{dispatch.bucket_key(problem)}: picked {best} {times[best]:.3f} ms; {ranking}")
+            tqdm.write(f"{dispatch.bucket_key(problem)}: picked {best} {times[best]:.3f} ms; {_ranking(times)}")
     if write and results:
         path = dispatch.write_cache({info.name: {key: best for key, (best, _) in results.items()}})
         if not quiet:
             print(f"wrote {len(results)} entries to {path}")
     return results
+
+
+def _ranking(times: dict) -> str:
+    """Every timed config, fastest first, as a fraction of the fastest's speed."""
+    fastest = min(times.values())
+    return ", ".join(f"{name} {fastest / ms:.3f}" for name, ms in sorted(times.items(), key=lambda kv: kv[1]))
 
 
 # Configs within this fraction of the fastest are a tie: timing noise on one GPU is about this size,
@@ -240,6 +244,7 @@ def policy_report(problems=None, device=None, progress=True):
         # The two picks are what the report is about: timed in every pass, like the winner.
         times = _time_candidates(problem, batch, heads, pool, index, heuristic, keep=(heuristic, cached))
         best = min(times, key=times.get)
+        tqdm.write(f"{dispatch.bucket_key(problem)}: {_ranking(times)}")
         # A cached pick that no longer agrees with the default was left out of `times`: ratio 0.
         rows.append((problem, best, times[best], heuristic, times[best] / times[heuristic], cached,
                      times[best] / times[cached] if cached in times else 0.0))
