@@ -163,7 +163,7 @@ def heuristic_order(problem: "Problem") -> list:
 # Seqlen_k (non-causal, causal) from which the larger Hopper tile of a headdim measured faster in the
 # H200 policy runs (docs/policy.md): 192 query rows at d64 (three consumer warpgroups), 176 keys at
 # d128, 80 keys at d256. A causal query tile sees fewer keys, so the larger tile pays off later.
-LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 2048)}
+LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 1024)}
 
 
 def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:

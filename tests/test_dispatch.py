@@ -60,8 +60,8 @@ def test_hopper_variant_one_tile_per_cta_with_large_tiles_on_long_problems():
     assert pick(1024, False) == pick(4096, True) == "sm90.fp16.d128.br128.bc128.tmao"
     assert pick(1024, True, 64) == "sm90.fp16.d64.br128.bc128.tmao"
     assert pick(512, False, 64) == pick(2048, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
-    assert pick(512, False, 256) == pick(1024, True, 256) == "sm90.fp16.d256.br128.bc64.tmao"
-    assert pick(1024, False, 256) == pick(2048, True, 256) == "sm90.fp16.d256.br128.bc80.tmao"
+    assert pick(512, False, 256) == pick(512, True, 256) == "sm90.fp16.d256.br128.bc64.tmao"
+    assert pick(1024, False, 256) == pick(1024, True, 256) == "sm90.fp16.d256.br128.bc80.tmao"
     # The persistent kernels are tuner candidates only.
     assert not any(pick(s, causal, d).endswith((".pers", ".lpt"))
                    for s in (512, 4096, 16384) for causal in (False, True) for d in (64, 128, 256))
