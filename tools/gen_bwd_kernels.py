@@ -19,7 +19,7 @@ Stdlib only and importable by file path:
     python tools/gen_bwd_kernels.py [--out DIR] [--filter PATTERNS] [--list]
 
 The config string mirrors csrc/cuda/bwd_config.h:
-``bwd.<dtype>.d<D>.bc<B_c>.br<B_r>.w<warps>[.k32][.q1][.dpe][.dqe][.pfs][.hreg][.qup]``.
+``bwd.<dtype>.d<D>.bc<B_c>.br<B_r>.w<warps>[.k32][.q1][.dpe][.dqe][.pfs][.hreg][.qup][.lpt]``.
 """
 
 import argparse

@@ -70,7 +70,18 @@ enum BwdFlag : unsigned {
   // different query tiles instead of all to the same one. Deterministic mode
   // keeps the downward walk its dQ semaphores rely on.
   kBwdFlagWalkUp = 1u << 6,
+  // lpt (causal only): the blocks are numbered key-tile major within groups of
+  // kBwdLptGroupPairs (batch, kv head) pairs, so the longest key tiles (tile 0
+  // sees every query tile) of a group start first and the short ones fill the
+  // last wave, instead of the last heads' long tiles starting late. Dispatch
+  // order still puts key tile n-1 of a pair before key tile n (deterministic
+  // mode's progress rule).
+  kBwdFlagLongestFirst = 1u << 7,
 };
+
+// (batch, kv head) pairs per longest-first group: enough that a group's first
+// key tiles fill the GPU, few enough that its Q/dO/dQ stay close in L2.
+inline constexpr int kBwdLptGroupPairs = 32;
 
 struct BwdFlagName {
   unsigned bit;
@@ -84,6 +95,7 @@ inline constexpr BwdFlagName kBwdFlagNames[] = {
     {kBwdFlagPrefetchS, "pfs"},
     {kBwdFlagOwnHalfRegs, "hreg"},
     {kBwdFlagWalkUp, "qup"},
+    {kBwdFlagLongestFirst, "lpt"},
 };
 
 // Shared-memory footprint; one formula for the compile-time struct and the
@@ -119,6 +131,7 @@ struct BwdConfig {
   static constexpr bool kPrefetchS = (kFlags & kBwdFlagPrefetchS) != 0;
   static constexpr bool kOwnHalfRegs = (kFlags & kBwdFlagOwnHalfRegs) != 0;
   static constexpr bool kWalkUp = (kFlags & kBwdFlagWalkUp) != 0;
+  static constexpr bool kLongestFirst = (kFlags & kBwdFlagLongestFirst) != 0;
 
   // S^T / dP^T / dK / dV warp grid.
   static constexpr int kKeysPerWarp = kKeys32 ? 32 : 16;

@@ -130,6 +130,10 @@ bool run_suite(const char* name, bool quick) {
     cases.push_back({1, 300, 270, 2, 1, false, false, 0, 1.0f});
     cases.push_back({1, 270, 300, 2, 1, true, false, 0, 1.0f});
   }
+  if (Cfg::kLongestFirst) {  // 34 (batch, kv head) pairs: two longest-first groups, the second partial
+    cases.push_back({17, 40, 150, 2, 2, true, false, 0, 1.0f});
+    cases.push_back({17, 40, 150, 4, 2, true, true, 0, 1.0f});
+  }
   if (quick) {
     cases = {
       {1, 1, 1, 1, 1, false, false, 0, 1.0f},
@@ -177,6 +181,10 @@ int main(int argc, char** argv) {
   CASE("fp16.d64.bc128.br128.w8.k32.dpe.dqe.pfs.hreg.qup", DType::kFp16, 64, 128, 128, 8, kAll | kBwdFlagWalkUp)
   CASE("bf16.d128.bc128.br64.w8.k32.dpe.dqe.pfs.hreg.qup", DType::kBf16, 128, 128, 64, 8, kAll | kBwdFlagWalkUp)
   CASE("bf16.d64.bc64.br64.w4.qup", DType::kBf16, 64, 64, 64, 4, kBwdFlagWalkUp)
+  // lpt: causal blocks renumbered key-tile major within groups of (batch, kv head) pairs.
+  CASE("bf16.d64.bc128.br128.w8.k32.dpe.dqe.pfs.hreg.lpt", DType::kBf16, 64, 128, 128, 8, kAll | kBwdFlagLongestFirst)
+  CASE("fp16.d128.bc128.br64.w8.k32.dpe.dqe.pfs.hreg.qup.lpt", DType::kFp16, 128, 128, 64, 8,
+       kAll | kBwdFlagWalkUp | kBwdFlagLongestFirst)
   CASE("fp16.d64.bc128.br128.w8.k32.dpe", DType::kFp16, 64, 128, 128, 8, kBwdFlagKeys32 | kBwdFlagDPEarly)
   CASE("bf16.d32.bc128.br128.w8.k32.dqe.pfs", DType::kBf16, 32, 128, 128, 8, kBwdFlagKeys32 | kBwdFlagDQEarly | kBwdFlagPrefetchS)
   CASE("fp16.d192.bc64.br64.w8.k32.q1.dpe.dqe", DType::kFp16, 192, 64, 64, 8,

@@ -334,7 +334,22 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
   const int tid = thread_x();
   const int lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;  // mma fragment row group / column pair
-  const int n_block = block_x(), hk = block_y(), b = block_z();
+  int n_block = block_x(), hk = block_y(), b = block_z();
+  if constexpr (Cfg::kLongestFirst) {
+    if (p.causal) {  // lpt: the block's dispatch index (x fastest) read as (group, key tile, pair)
+      const int64_t n_tiles = (p.seqlen_k + N - 1) / N;
+      const int64_t pairs = int64_t(p.heads_k) * p.batch;
+      const int64_t index = block_x() + n_tiles * (block_y() + int64_t(p.heads_k) * block_z());
+      const int64_t group = index / (kBwdLptGroupPairs * n_tiles);
+      const int64_t first = group * kBwdLptGroupPairs;
+      const int64_t in_group = pairs - first < kBwdLptGroupPairs ? pairs - first : kBwdLptGroupPairs;
+      const int64_t within = index - first * n_tiles;
+      const int64_t pair = first + within % in_group;
+      n_block = int(within / in_group);
+      hk = int(pair % p.heads_k);
+      b = int(pair / p.heads_k);
+    }
+  }
   const int key0 = n_block * N;
 
   // Warp roles (bwd_config.h). S^T / dK / dV: warp (wn, wd) owns keys
