@@ -10,33 +10,10 @@ import argparse
 import collections
 
 import torch
-import torch.nn.functional as F
 import triton.testing
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
-import flashop
-
-
-def _call(impl, q, k, v, dout, causal, direction):
-    """One forward, or one backward (the forward run once beforehand, as in the benchmark), of
-    `impl` on (B, S, H, D) inputs."""
-    if impl == "flashop":
-        attend = lambda: flashop.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
-    else:
-        backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[impl]
-
-        def attend():
-            with sdpa_kernel(backend):
-                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
-    if direction == "forward":
-        def forward():
-            with torch.no_grad():
-                attend()
-        return forward
-    out = attend()
-    return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+from flashop.bench import Case, make_runner
 
 
 def breakdown(fn, repeats):
@@ -62,22 +39,21 @@ def main():
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    mode = {"forward": "fwd", "backward": "bwd"}[args.direction]
     for seqlen in args.seqlens:
-        batch, heads = max(1, 32768 // seqlen), 2048 // args.headdim
-        q, k, v = (torch.randn(batch, seqlen, heads, args.headdim, device="cuda", dtype=dtype, requires_grad=True)
-                   for _ in range(3))
-        dout = torch.randn(batch, seqlen, heads, args.headdim, device="cuda", dtype=dtype)
+        # The benchmark's case and runners: its inputs, and for bwd its forward run once beforehand.
+        case = Case(args.dtype, args.headdim, seqlen, max(1, 32768 // seqlen), 2048 // args.headdim, args.causal, mode)
         print(f"\n## {args.direction} {args.dtype} d{args.headdim} seqlen {seqlen} causal={args.causal} "
-              f"({batch}x{heads}); ms per call")
+              f"({case.batch}x{case.heads}); ms per call")
         for impl in ("flashop", "flash", "cudnn"):
-            fn = _call(impl, q, k, v, dout, args.causal, args.direction)
+            fn = make_runner(impl, case, "cuda")
             rows = breakdown(fn, args.repeats)
             total = sum(ms for _, ms in rows)
             # Wall time of the call on the GPU (the benchmark's measure, L2 flushed before each call)
-            # against the sum of its kernels: the difference is time the GPU spent idle inside the call.
+            # against the sum of its kernels (profiled with a warm L2): a clearly positive difference
+            # is time the GPU spent idle inside the call.
             wall = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-            print(f"{impl:8s} kernels {total:8.3f}  do_bench {wall:8.3f}  idle {wall - total:+7.3f}")
+            print(f"{impl:8s} kernels {total:8.3f}  do_bench {wall:8.3f}  wall - kernels {wall - total:+7.3f}")
             for name, ms in rows[:6]:
                 print(f"    {ms:8.3f}  {name[:110]}")
 
