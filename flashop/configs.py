@@ -330,8 +330,8 @@ def selected_configs(
 #   hreg  dV/dK take the warp's own half of P^T/dS^T from registers            (dpe, two warps per key slice)
 #   qup   query tiles walked upward (causal: from the diagonal; else from a start rotated by the key tile),
 #         so concurrent key tiles add dQ to different query tiles (not in deterministic mode)
-#   lpt   causal: blocks dispatched key-tile major within groups of 32 (batch, kv head) pairs, the
-#         longest key tiles first (a greedy-schedule model gives 2-3% less tail at 1k-8k causal)
+#   lpt   causal: blocks dispatched key-tile major within groups of (batch, kv head) pairs, the longest
+#         key tiles first; groups of ~4 waves of blocks, capped by the L2, none below 16 key tiles
 
 # Backward flag names in bwd_config.h's order (bit i = BACKWARD_FLAGS[i]).
 BACKWARD_FLAGS = ("k32", "q1", "dpe", "dqe", "pfs", "hreg", "qup", "lpt")
@@ -456,7 +456,7 @@ _BACKWARD_SHAPES = [
     (32, 128, 64, 8),                 # 50 KiB
     (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs", "hreg"),  # 162 KiB; 1.10-1.16x the plain k32 on an H200
     (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs", "hreg", "qup"),  # 162 KiB; 0.98-1.0x hreg alone (H200)
-    (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs", "hreg", "lpt"),  # 162 KiB; not yet timed
+    (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs", "hreg", "lpt"),  # 162 KiB; 0.99-1.01x hreg alone (H200)
     (64, 128, 128, 8, "k32", "dpe", "dqe", "pfs"),          # 162 KiB
     (64, 128, 128, 8, "k32"),         # 162 KiB
     (64, 128, 64, 8),                 # 81 KiB (fits sm86/89)
@@ -464,7 +464,8 @@ _BACKWARD_SHAPES = [
     (96, 128, 64, 8),                 # 113 KiB
     # 161 KiB; qup 1.003-1.016x hreg alone on 17 of 24 d128 shapes, 0.985 at worst (H200)
     (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs", "hreg", "qup"),
-    (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs", "hreg", "qup", "lpt"),  # 161 KiB; not yet timed
+    # 161 KiB; 0.98-1.02x qup alone (causal: loses at 1k-2k, wins at 8k; H200)
+    (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs", "hreg", "qup", "lpt"),
     (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs", "hreg"),  # 161 KiB; 1.05-1.10x the plain k32 on an H200
     (128, 128, 64, 8, "k32", "dpe", "dqe", "pfs"),          # 161 KiB
     (128, 128, 64, 8, "k32"),         # 161 KiB

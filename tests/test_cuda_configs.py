@@ -11,8 +11,9 @@ from reference import assert_close_to_reference, attention_reference
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
-# (batch, seqlen_q, seqlen_k, heads_q, heads_k): several query and key tiles, ragged tails, GQA 4:2.
-SHAPES = [(2, 300, 270, 4, 2), (1, 270, 333, 2, 2)]
+# (batch, seqlen_q, seqlen_k, heads_q, heads_k): several query and key tiles, ragged tails, GQA 4:2;
+# the last has 18 key tiles of 128, where the backward lpt order groups (batch, kv head) pairs.
+SHAPES = [(2, 300, 270, 4, 2), (1, 270, 333, 2, 2), (3, 80, 2200, 4, 2)]
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 

@@ -16,6 +16,7 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, heads_q, heads_k)
     (1, 1, 1, 1, 1),
     (1, 70, 33, 2, 1),
     (2, 33, 150, 4, 2),
+    (3, 40, 2100, 4, 2),  # 17 key tiles of 128: the backward lpt block groups (csrc/cuda/bwd_config.h)
 ]
 
 

@@ -44,20 +44,24 @@ std::string built_backward_list() {
 DType bwd_dtype_code(at::ScalarType t) { return t == at::kHalf ? DType::kFp16 : DType::kBf16; }
 
 // The opt-in shared memory per block of a device (227 KiB on H100, 163 KiB on
-// A100, 99 KiB on sm86/89) and its compute capability.
+// A100, 99 KiB on sm86/89), its compute capability and multiprocessor count.
 struct BwdDevice {
   int sm;
   int smem_optin;
+  int sm_count;
+  int l2_bytes;
 };
 
 BwdDevice bwd_device(int device) {
-  int major = 0, minor = 0, smem = 0;
+  int major = 0, minor = 0, smem = 0, sms = 0, l2 = 0;
   cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
   TORCH_CHECK(err == cudaSuccess, "flashop.backward: cannot query CUDA device ", device, ": ",
               cudaGetErrorString(err));
-  return {major * 10 + minor, smem};
+  return {major * 10 + minor, smem, sms, l2};
 }
 
 // The kernels move 8-element (16-byte) chunks with cp.async and 16-byte loads
@@ -220,6 +224,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cuda_backward(const at::Tensor& d
   p.head_ratio = static_cast<int>(Hq / Hk);
   p.headdim = static_cast<int>(D);
   p.num_m_blocks = ws.num_m_blocks;
+  p.sm_count = dev.sm_count;
+  p.l2_bytes = dev.l2_bytes;
   p.scale = static_cast<float>(softmax_scale);
   p.scale_log2 = static_cast<float>(softmax_scale * 1.4426950408889634);  // log2(e)
   p.causal = causal;

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "kernel_config.h"  // DType, dtype_name
@@ -71,17 +72,38 @@ enum BwdFlag : unsigned {
   // keeps the downward walk its dQ semaphores rely on.
   kBwdFlagWalkUp = 1u << 6,
   // lpt (causal only): the blocks are numbered key-tile major within groups of
-  // kBwdLptGroupPairs (batch, kv head) pairs, so the longest key tiles (tile 0
-  // sees every query tile) of a group start first and the short ones fill the
-  // last wave, instead of the last heads' long tiles starting late. Dispatch
-  // order still puts key tile n-1 of a pair before key tile n (deterministic
-  // mode's progress rule).
+  // (batch, kv head) pairs (bwd_lpt_group_pairs), so the longest key tiles
+  // (tile 0 sees every query tile) of a group start first and the short ones
+  // fill the last wave, instead of the last heads' long tiles starting late.
+  // Dispatch order still puts key tile n-1 of a pair before key tile n
+  // (deterministic mode's progress rule).
   kBwdFlagLongestFirst = 1u << 7,
 };
 
-// (batch, kv head) pairs per longest-first group: enough that a group's first
-// key tiles fill the GPU, few enough that its Q/dO/dQ stay close in L2.
-inline constexpr int kBwdLptGroupPairs = 32;
+// (batch, kv head) pairs per longest-first group, measured on an H200
+// (scratch sweeps of the causal d64/d128 benchmark shapes, docs/notes.md):
+// - enough pairs for kBwdLptGroupWaves waves of blocks (one block per SM), so
+//   the long key tiles of a group start together and its short ones fill the
+//   gaps (1 or 2 waves: up to 4% slower than head-major order at 2k-4k keys);
+// - at most as many pairs as 3/8 of the L2 holds the Q, dO and dQ rows of
+//   (pair_bytes each), since a group's pairs are read at once (uncapped, or a
+//   fixed 32 pairs, lost 2-5% at 16k keys);
+// - one pair (head-major order) below kBwdLptMinKeyTiles key tiles, where the
+//   blocks of a pair sharing Q/dO in L2 matters more (1-2.5% at 1k keys).
+inline constexpr int kBwdLptGroupWaves = 4;
+#ifndef FLASHOP_BWD_LPT_MIN_KEY_TILES  // the emulator test lowers it: its problems are small
+#define FLASHOP_BWD_LPT_MIN_KEY_TILES 16
+#endif
+inline constexpr int kBwdLptMinKeyTiles = FLASHOP_BWD_LPT_MIN_KEY_TILES;
+
+inline constexpr int64_t bwd_lpt_group_pairs(int sm_count, int key_tiles, int64_t l2_bytes, int64_t pair_bytes) {
+  if (key_tiles < kBwdLptMinKeyTiles) return 1;
+  const int64_t blocks = int64_t(kBwdLptGroupWaves) * sm_count;
+  int64_t pairs = (blocks + key_tiles - 1) / key_tiles;
+  const int64_t fit = pair_bytes > 0 ? l2_bytes * 3 / 8 / pair_bytes : pairs;
+  if (pairs > fit) pairs = fit;
+  return pairs < 1 ? 1 : pairs;
+}
 
 struct BwdFlagName {
   unsigned bit;

@@ -58,6 +58,8 @@ struct BwdParams {
   int head_ratio;  // heads_q / heads_k: kv_head = q_head / head_ratio (GQA/MQA)
   int headdim;     // must equal the kernel's compile-time head dimension
   int num_m_blocks;  // ceil(seqlen_q / B_r) of the launched config (semaphore row length)
+  int sm_count;      // multiprocessors of the device (sizes the lpt block groups, bwd_config.h)
+  int64_t l2_bytes;  // L2 cache of the device (caps the lpt block groups)
 
   float scale;       // softmax_scale (any sign)
   float scale_log2;  // softmax_scale * log2(e)

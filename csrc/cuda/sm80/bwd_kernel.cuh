@@ -340,9 +340,12 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
       const int64_t n_tiles = (p.seqlen_k + N - 1) / N;
       const int64_t pairs = int64_t(p.heads_k) * p.batch;
       const int64_t index = block_x() + n_tiles * (block_y() + int64_t(p.heads_k) * block_z());
-      const int64_t group = index / (kBwdLptGroupPairs * n_tiles);
-      const int64_t first = group * kBwdLptGroupPairs;
-      const int64_t in_group = pairs - first < kBwdLptGroupPairs ? pairs - first : kBwdLptGroupPairs;
+      // Q and dO (16-bit) and the fp32 dQ accumulator rows of the pair's query heads.
+      const int64_t pair_bytes = int64_t(p.seqlen_q_rounded) * D * p.head_ratio * 8;
+      const int64_t group_pairs = bwd_lpt_group_pairs(p.sm_count, int(n_tiles), p.l2_bytes, pair_bytes);
+      const int64_t group = index / (group_pairs * n_tiles);
+      const int64_t first = group * group_pairs;
+      const int64_t in_group = pairs - first < group_pairs ? pairs - first : group_pairs;
       const int64_t within = index - first * n_tiles;
       const int64_t pair = first + within % in_group;
       n_block = int(within / in_group);
