@@ -15,7 +15,7 @@ from .ops import (
     flash_attn_qkvpacked_func,
     scaled_dot_product_attention,
 )
-from .tune import forward_timed, tune
+from .autotune import forward_timed, tune
 
 __all__ = [
     "configs",

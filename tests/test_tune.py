@@ -7,14 +7,14 @@ import pytest
 import torch
 
 import flashop
+from flashop import autotune as tune_module
 from flashop import dispatch
+from flashop.autotune import TIE_TOLERANCE
 from flashop.dispatch import Problem
-from flashop.tune import TIE_TOLERANCE
 from conftest import CUDA
 from reference import attention_reference
 
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
-tune_module = sys.modules["flashop.tune"]  # (flashop.tune is the function)
 
 
 @needs_cuda
