@@ -556,16 +556,23 @@ class HopperConfig:
     def runs_on(self, capability: tuple) -> bool:
         return tuple(capability) == (9, 0)
 
+    @property
+    def separate_o(self) -> bool:
+        """The persistent kernel stages O in a tile of its own where that fits (d64 and d128 at B_c = 128),
+        so the next tile's Q loads under the epilogue (Sm90FwdTraits::kSeparateO)."""
+        tiles = ELEMENT_BYTES * self.headdim * (2 * self.block_m + 2 * self.stages * self.block_n)
+        return self.persistent and tiles + 8 * (2 + 4 * self.stages) + 1024 <= MAX_SMEM_BYTES
+
     def smem_bytes(self) -> int:
-        """Q tile + stages x (K + V tiles) + 1024 B alignment slack + the mbarriers (csrc/cuda/sm90):
-        q_full and, per stage, full and empty of K and of V (9 with 2 stages), one more (q_empty) in the
-        persistent kernel.
-        The TMA-store epilogue reuses the Q tile. K/V column blocks are not padded: B_c * 128 bytes is a
-        multiple of the 1024-byte swizzle atom for every B_c (a multiple of 16); d128 B_c = 176:
+        """Q tile + stages x (K + V tiles) (+ the O staging tile when separate_o) + 1024 B alignment slack
+        + the mbarriers (csrc/cuda/sm90): q_full and, per stage, full and empty of K and of V (9 with 2
+        stages), one more (q_empty) in the persistent kernel.
+        Otherwise the TMA-store epilogue reuses the Q tile. K/V column blocks are not padded: B_c * 128
+        bytes is a multiple of the 1024-byte swizzle atom for every B_c (a multiple of 16); d128 B_c = 176:
         212 992 + 1024 + 72 (80) = 214 088 (214 096) bytes."""
         barriers = 1 + 4 * self.stages + (1 if self.persistent else 0)
-        return (ELEMENT_BYTES * self.headdim * (self.block_m + 2 * self.stages * self.block_n) + 1024
-                + 8 * barriers)
+        rows = self.block_m * (2 if self.separate_o else 1) + 2 * self.stages * self.block_n
+        return ELEMENT_BYTES * self.headdim * rows + 1024 + 8 * barriers
 
     @classmethod
     def parse(cls, name: str) -> "HopperConfig":

@@ -163,21 +163,35 @@ def heuristic_order(problem: "Problem") -> list:
 # Seqlen_k (non-causal, causal) from which the larger Hopper tile of a headdim measured faster in the
 # H200 policy runs (docs/policy.md): 192 query rows at d64 (three consumer warpgroups), 176 keys at
 # d128, 80 keys at d256. A causal query tile sees fewer keys, so the larger tile pays off later.
-LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 1024)}
+LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (4096, 8192), 256: (1024, 1024)}
+# Seqlen_k (non-causal, causal) below which the persistent kernel with its own O staging tile (the next
+# tile's Q loads under the epilogue) measured faster on the H200 (docs/hopper.md): few key tiles per
+# query tile, so the per-tile prologue and epilogue that it overlaps are a large share; causal in the
+# longest-first tile order. d128 causal and d256 (no room for the O tile) keep one tile per CTA.
+PERSISTENT_HOPPER_BELOW = {64: (1024, 2048), 128: (4096, 0)}
 
 
 def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
-    """Among the built Hopper ping-pong configs: one tile per CTA with the TMA-store epilogue. In the
-    H200 policy runs it was the fastest of all built configs (persistent with either tile order and
-    mma.sync included) on nearly every benchmark shape (docs/policy.md): the hardware block scheduler
+    """Among the built Hopper ping-pong configs: below the length in PERSISTENT_HOPPER_BELOW the
+    persistent kernel with a separate O staging tile (longest-first tile order when causal); otherwise
+    one tile per CTA with the TMA-store epilogue, which in the H200 policy runs was the fastest of all
+    built configs on nearly every longer shape (docs/policy.md): the hardware block scheduler
     balances unequal causal tiles better than a static stride. Of its tile sizes, the largest from the
     length in LARGE_HOPPER_TILE_FROM (fewer softmax, rescale and barrier rounds per FLOP), else the
     smallest (more CTAs, a narrower causal diagonal)."""
+    area = lambda c: c.block_m * c.block_n  # noqa: E731
+    below_non_causal, below_causal = PERSISTENT_HOPPER_BELOW.get(problem.headdim, (0, 0))
+    persistent = [c for c in hopper if c.persistent and c.separate_o and c.stages == 2
+                  and c.longest_first == problem.causal]
+    if persistent and problem.seqlen_k < (below_causal if problem.causal else below_non_causal):
+        pick = min(persistent, key=area)
+        order = ", longest first" if pick.longest_first else ""
+        return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, persistent{order}, " \
+                          f"{pick.block_m} x {pick.block_n} tiles"
     per_tile = ([c for c in hopper if c.tma_store and not c.persistent and c.stages == 2]
                 or [c for c in hopper if not c.persistent] or hopper)
     from_non_causal, from_causal = LARGE_HOPPER_TILE_FROM.get(problem.headdim, (1 << 62, 1 << 62))
     large = problem.seqlen_k >= (from_causal if problem.causal else from_non_causal)
-    area = lambda c: c.block_m * c.block_n  # noqa: E731
     pick = max(per_tile, key=area) if large else min(per_tile, key=area)
     walk = "persistent" if pick.persistent else "one tile per CTA"
     return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, {walk}, " \

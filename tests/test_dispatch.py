@@ -53,21 +53,28 @@ def test_policy_uses_small_query_tiles_when_the_gpu_would_idle():
     assert KernelConfig.parse(dispatch.choose_config(h100, many, ALL_BUILT)[0]).block_m == 128
 
 
-def test_hopper_variant_one_tile_per_cta_with_large_tiles_on_long_problems():
+def test_hopper_variant_by_length():
     h100 = DEVICES["H100"]
     pick = lambda s, causal, d=128: dispatch.choose_config(h100, Problem("fp16", d, s, s, 64, causal), ALL_BUILT)[0]  # noqa: E731
-    assert pick(2048, False) == pick(8192, True) == "sm90.fp16.d128.br128.bc176.tmao"  # wide key tiles
-    assert pick(1024, False) == pick(4096, True) == "sm90.fp16.d128.br128.bc128.tmao"
-    assert pick(1024, True, 64) == "sm90.fp16.d64.br128.bc128.tmao"
-    assert pick(512, False, 64) == pick(2048, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
+    # Short: the persistent kernel with its own O staging tile (longest first when causal).
+    assert pick(512, False) == pick(2048, False) == "sm90.fp16.d128.br128.bc128.pers"
+    assert pick(512, False, 64) == "sm90.fp16.d64.br128.bc128.pers"
+    assert pick(512, True, 64) == pick(1024, True, 64) == "sm90.fp16.d64.br128.bc128.pers.lpt"
+    # Longer: one tile per CTA, the wider tiles from LARGE_HOPPER_TILE_FROM.
+    assert pick(4096, False) == pick(8192, True) == "sm90.fp16.d128.br128.bc176.tmao"  # wide key tiles
+    assert pick(512, True) == pick(4096, True) == "sm90.fp16.d128.br128.bc128.tmao"
+    assert pick(1024, False, 64) == pick(2048, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
     assert pick(512, False, 256) == pick(512, True, 256) == "sm90.fp16.d256.br128.bc64.tmao"
     assert pick(1024, False, 256) == pick(1024, True, 256) == "sm90.fp16.d256.br128.bc80.tmao"
-    # The persistent kernels are tuner candidates only.
-    assert not any(pick(s, causal, d).endswith((".pers", ".lpt"))
-                   for s in (512, 4096, 16384) for causal in (False, True) for d in (64, 128, 256))
-    # Without the TMA-store builds the plain Hopper kernel still serves.
+    # Persistent picks only where the O tile has room of its own (not d256, not 176-key tiles).
+    for s in (512, 1024, 4096, 16384):
+        for causal in (False, True):
+            for d in (64, 128, 256):
+                config = dispatch.parse_config(pick(s, causal, d))
+                assert not config.persistent or config.separate_o
+    # Without the persistent and TMA-store builds the plain Hopper kernel still serves.
     plain = [n for n in ALL_BUILT if not n.endswith((".pers", ".tmao", ".lpt"))]
-    assert dispatch.choose_config(h100, Problem("fp16", 128, 1024, 1024, 64, True), plain)[0] == "sm90.fp16.d128.br128.bc128"
+    assert dispatch.choose_config(h100, Problem("fp16", 128, 1024, 1024, 64, False), plain)[0] == "sm90.fp16.d128.br128.bc128"
 
 
 def test_policy_prefers_a_tuned_entry_and_ignores_bad_ones():

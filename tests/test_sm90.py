@@ -137,6 +137,8 @@ def test_built_configs():
     assert names, "no sm90 config built"
     for n in names:
         assert n.startswith("sm90.")
+        # The policy's fit check (flashop/configs.py) and the kernel's launch agree on shared memory.
+        assert flashop.configs.HopperConfig.parse(n).smem_bytes() == sm90.config_smem(n), n
 
 
 @pytest.mark.parametrize("name", CONFIGS)

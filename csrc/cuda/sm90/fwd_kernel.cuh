@@ -110,9 +110,15 @@ struct Sm90FwdTraits {
   static constexpr int kQOff = 0;
   static constexpr int kKOff = kQOff + kQBytes;
   static constexpr int kVOff = kKOff + kStages * kKVBytes;
-  static constexpr int kBarOff = kVOff + kStages * kKVBytes;
+  // Persistent kernel with a separate O staging tile (where it fits: d64 and d128 at B_c = 128):
+  // Q is then free once a tile's last S = Q K^T is complete, so the producer loads the next tile's Q
+  // under the last P V and the epilogue instead of after the O store has read the staging.
+  static constexpr bool kSeparateO =
+      kPersistent && kVOff + kStages * kKVBytes + kQBytes + 8 * (2 + 4 * kStages) + 1024 <= 227 * 1024;
+  static constexpr int kOOff = kVOff + kStages * kKVBytes;  // kSeparateO: same layout as the Q tile
+  static constexpr int kBarOff = kOOff + (kSeparateO ? kQBytes : 0);
   // O staging (kTmaStore): consumer c, column block b at
-  //   kQOff + b * kQBlockBytes + c * kOStageBytes,
+  //   kQOff + b * kQBlockBytes + c * kOStageBytes   (kOOff instead of kQOff when kSeparateO),
   // i.e. rows 64c .. 64c+63 of Q column block b: exactly the rows consumer c's
   // S wgmma reads (A descriptor start + c * 64 * 128), so neither consumer ever
   // touches the other's half. Every staging box is 1024-byte aligned, so the
@@ -121,7 +127,7 @@ struct Sm90FwdTraits {
   static constexpr int kOStageBytes = kOStageRows * 128;  // one 64 x 64 box
   static_assert(kQBlockBytes % 1024 == 0 && kKVBlockBytes % 1024 == 0 && kOStageBytes % 1024 == 0,
                 "swizzle atoms");
-  static_assert(kKOff % 1024 == 0 && kVOff % 1024 == 0 && kKVBytes % 1024 == 0,
+  static_assert(kKOff % 1024 == 0 && kVOff % 1024 == 0 && kOOff % 1024 == 0 && kKVBytes % 1024 == 0,
                 "every K/V stage and column block starts 1024-byte aligned");
   // barriers: q_full, full_k[S], full_v[S], empty_k[S], empty_v[S] (S = kStages; + q_empty when persistent)
   static constexpr int kNumBars = 1 + 4 * kStages + (kPersistent ? 1 : 0);
@@ -289,7 +295,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       mbar_init(bar_empty_k(s), 4 * T::kConsumerWGs);  // one arrival per consumer warp
       mbar_init(bar_empty_v(s), 4 * T::kConsumerWGs);
     }
-    if constexpr (T::kPersistent) mbar_init(bar_q_empty, T::kConsumerWGs);  // one per consumer WG
+    // q_empty: one arrival per consumer warpgroup after its O store has read the staging in Q, or
+    // (kSeparateO) one per consumer warp after its last S of the tile.
+    if constexpr (T::kPersistent) mbar_init(bar_q_empty, T::kSeparateO ? 4 * T::kConsumerWGs : T::kConsumerWGs);
     mbar_init_fence();
   }
   __syncthreads();
@@ -334,8 +342,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
           // so that they load while the consumers still store the previous O.
           const int pre = min(3, 2 * n_tiles);
           for (int i = 0; i < pre; ++i) load_item(g0, i, n_tiles, kv_head);
-          // Q smem = both consumers' O staging: wait until tile k-1's epilogue
-          // is complete in both (their TMA stores have read it).
+          // Wait until both consumers are done with tile k-1's Q: their epilogue
+          // is complete (the O staging lives in Q), or (kSeparateO) their last S.
           if (k > 0) mbar_wait(bar_q_empty, (k - 1) & 1);
           if (n_tiles > 0) load_q();
           else mbar_arrive(bar_q);  // q_full phase k without Q (hand-shake only)
@@ -546,6 +554,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       wgmma_wait<0>();
       fence_regs(sacc);
       release(bar_empty_k(g0 % T::kStages));
+      if constexpr (T::kSeparateO) {
+        if (n_tiles == 1) release(bar_q_empty);  // the tile's last read of Q
+      }
       mask(sacc, 0);
       softmax(sacc, corr);  // O is still 0: no rescale needed
       convert_p(sacc, pa);
@@ -563,6 +574,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         wgmma_wait<1>();    // S_j done (PV may still run): K_j's slot is free
         fence_regs(sacc);
         release(bar_empty_k(s));
+        if constexpr (T::kSeparateO) {
+          if (j == n_tiles - 1) release(bar_q_empty);  // the tile's last read of Q
+        }
         mask(sacc, j);
         softmax(sacc, corr);
         wgmma_wait<0>();    // PV done: O and P_{j-1} free again, and V_{j-1}'s slot
@@ -580,6 +594,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       wgmma_wait<0>();  // also: every wgmma of this warpgroup (reads of Q) is complete
       fence_regs(o);
       release(bar_empty_v(sl));
+    }
+    if constexpr (T::kSeparateO) {
+      if (n_tiles == 0) release(bar_q_empty);  // no key tile: Q was not even loaded
     }
 
     // ------------------------------------------------------------ epilogue
@@ -611,7 +628,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       // completed before they started (q_full), and the previous tile's TMA
       // store has read it (persistent: wait_group.read + bar 3+c below). With
       // no key tile, Q was not loaded at all.
-      const uint32_t stage = sQ + c * T::kOStageBytes;
+      const uint32_t stage = (T::kSeparateO ? base + T::kOOff : sQ) + c * T::kOStageBytes;
       // 128B swizzle: row r of a 64 x 64 box at r * 128, 16-byte chunk q at
       // (q ^ (r % 8)) * 16. This thread's rows r = 16 warp + lane/4 (+8):
       // r % 8 = lane / 4. n8 block i holds columns 8i + 2(lane%4) + {0,1}: column
@@ -652,7 +669,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
           // until the store has read it.
           tma_store_wait_read<0>();
         }
-        if constexpr (T::kPersistent) mbar_arrive(bar_q_empty);  // tile's q_empty arrival
+        if constexpr (T::kPersistent && !T::kSeparateO) mbar_arrive(bar_q_empty);  // tile's q_empty arrival
       }
       // Persistent: nobody in this warpgroup writes the staging of the next
       // tile before the store above has read this one.
