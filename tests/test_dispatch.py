@@ -57,12 +57,13 @@ def test_hopper_variant_by_length():
     h100 = DEVICES["H100"]
     pick = lambda s, causal, d=128: dispatch.choose_config(h100, Problem("fp16", d, s, s, 64, causal), ALL_BUILT)[0]  # noqa: E731
     # Short: the persistent kernel with its own O staging tile (longest first when causal).
-    assert pick(512, False) == pick(2048, False) == "sm90.fp16.d128.br128.bc128.pers"
+    assert pick(512, False) == pick(1024, False) == "sm90.fp16.d128.br128.bc128.pers"
     assert pick(512, False, 64) == "sm90.fp16.d64.br128.bc128.pers"
-    assert pick(512, True, 64) == pick(1024, True, 64) == "sm90.fp16.d64.br128.bc128.pers.lpt"
+    assert pick(512, True, 64) == "sm90.fp16.d64.br128.bc128.pers.lpt"
     # Longer: one tile per CTA, the wider tiles from LARGE_HOPPER_TILE_FROM.
-    assert pick(4096, False) == pick(8192, True) == "sm90.fp16.d128.br128.bc176.tmao"  # wide key tiles
+    assert pick(2048, False) == pick(8192, True) == "sm90.fp16.d128.br128.bc176.tmao"  # wide key tiles
     assert pick(512, True) == pick(4096, True) == "sm90.fp16.d128.br128.bc128.tmao"
+    assert pick(1024, True, 64) == "sm90.fp16.d64.br128.bc128.tmao"
     assert pick(1024, False, 64) == pick(2048, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
     assert pick(512, False, 256) == pick(512, True, 256) == "sm90.fp16.d256.br128.bc64.tmao"
     assert pick(1024, False, 256) == pick(1024, True, 256) == "sm90.fp16.d256.br128.bc80.tmao"
