@@ -193,6 +193,9 @@ int main(int argc, char** argv) {
   CASE("bf16.d32.bc128.br128.w8.k32.dqe.pfs", DType::kBf16, 32, 128, 128, 8, kBwdFlagKeys32 | kBwdFlagDQEarly | kBwdFlagPrefetchS)
   CASE("fp16.d192.bc64.br64.w8.k32.q1.dpe.dqe", DType::kFp16, 192, 64, 64, 8,
        kBwdFlagKeys32 | kBwdFlagSingleBuffer | kBwdFlagDPEarly | kBwdFlagDQEarly)
+  // The d256 row of the reordered staged path (four warps per key slice).
+  CASE("bf16.d256.bc64.br64.w8.k32.dpe.dqe.pfs", DType::kBf16, 256, 64, 64, 8,
+       kBwdFlagKeys32 | kBwdFlagDPEarly | kBwdFlagDQEarly | kBwdFlagPrefetchS)
   if (suites == 0) {  // an unknown config name must not pass by testing nothing
     printf("no config named %s\n", which.c_str());
     return 2;
