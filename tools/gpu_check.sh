@@ -2,11 +2,14 @@
 # The GPU machine in one command: build with all cores, CUDA tests, compute-sanitizer on small
 # shapes, the CUDA benchmark; logs, the report (markdown + PNG) and the build report under $OUT.
 #
-#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick] [compare] [policy] [profile]   (none named: build test sanitize bench)
+#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick] [compare] [ab] [policy] [profile]   (none named: build test sanitize bench)
 #
 # compare: every candidate config timed per shape, relative to the fastest (no cache written);
 #   COMPARE_ARGS narrows it (flashop.tune arguments), e.g. "--headdims 128 --directions backward".
 # policy: tune, then measure the policy's picks against the best config per shape.
+# ab: the benchmark (flashop.bench, its own runner and peers) once per config named in AB_CONFIGS, then the
+#   tuner's timing of the same shapes, so the two harnesses can be compared on one machine; AB_ARGS
+#   gives the benchmark's shape arguments, e.g. "--dtypes bf16 --headdims 64 --seqlens 1024 --causal True".
 # profile: Nsight Compute on one kernel launch of tools/profile_case.py (PROFILE_ARGS, PROFILE_KERNEL);
 #   the report, its details page, and a per-instruction stall listing (tools/ncu_sass_listing.py).
 # SANITIZE_CONFIGS (config patterns) and SANITIZE_TOOLS narrow the sanitizer stage.
@@ -67,6 +70,15 @@ if has compare; then
   step "compare configs"
   python3 -m flashop.tune --dry-run ${COMPARE_ARGS:---dtypes bf16 --headdims 64 128 --seqlens 1024 4096 16384} 2>&1 \
     | grep -v "it/s\]" | tee "$OUT/compare.log" | cut -c1-400
+fi
+if has ab; then
+  step "a/b: the benchmark per forced config, then the tuner on the same shapes"
+  for config in ${AB_CONFIGS:?AB_CONFIGS names the configs to compare}; do
+    python3 -m flashop.bench --device cuda --modes fwd ${AB_ARGS:-} --config "$config" 2>&1 | grep "^| [bf]" \
+      | sed "s/^/$config /" | tee -a "$OUT/ab.log"
+  done
+  python3 -m flashop.tune --dry-run $(echo "${AB_ARGS:-}" | sed 's/--modes [a-z+]*//') 2>&1 | tr '\r' '\n' \
+    | grep "picked" | tee -a "$OUT/ab.log" | cut -c1-400
 fi
 if has policy; then
   step "policy vs best (tunes into a scratch cache)"
