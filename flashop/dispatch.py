@@ -167,7 +167,7 @@ LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 1024)}
 # Seqlen_k (non-causal, causal) below which the persistent kernel with its own O staging tile (the next
 # tile's Q loads under the epilogue) is picked, causal in the longest-first tile order: few key tiles
 # per query tile, so the per-tile prologue and epilogue that it overlaps are a large share. In the
-# H200 tuner runs it was 4-11% ahead at d128 non-causal 512-1k and 8-9% at d64 512 (docs/hopper.md);
+# H200 tuner runs it was 4-11% ahead at d128 non-causal 512-1k and 2-9% at d64 512 (docs/hopper.md);
 # where it was ahead by less (d64 causal 1k, d128 2k), the benchmark's own timing disagreed, so those
 # keep one tile per CTA. d128 causal and d256 (no room for the O tile) always do.
 PERSISTENT_HOPPER_BELOW = {64: (1024, 1024), 128: (2048, 0)}
