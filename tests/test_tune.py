@@ -91,3 +91,13 @@ def test_timing_passes_prune_confirm_and_keep():
     calls.clear()
     tune_module._timing_passes(list(base), measure, rounds=3, confirm_rounds=2)
     assert sum(1 for n, _ in calls if n == "kept") == 1
+
+
+def test_importing_the_command_line_keeps_flashop_tune_callable(monkeypatch):
+    import importlib
+
+    command_line = importlib.import_module("flashop.tune")  # rebinds flashop.tune to the module
+    calls = []
+    monkeypatch.setattr(command_line, "tune", lambda *args, **kwargs: calls.append((args, kwargs)) or "tuned")
+    assert flashop.tune(["problem"], write=False) == "tuned"
+    assert calls == [((["problem"],), {"write": False})]
