@@ -3,6 +3,8 @@ CUDNN_ATTENTION backends (torch.profiler): which kernel of a backward (preproces
 conversion, torch's own fills and copies) the time goes to.
 
     python3 tools/kernel_breakdown.py --direction backward --headdim 128 --seqlens 1024 16384 --causal
+    python3 tools/kernel_breakdown.py --direction forward --headdim 64 --seqlens 1024 --causal \
+        --configs sm90.bf16.d64.br128.bc128.pers.lpt sm90.bf16.d64.br128.bc128.tmao   # + named configs
 
 Same shapes as the benchmark: batch x seqlen = 32768 tokens, 2048 / headdim query heads.
 """
@@ -38,6 +40,8 @@ def main():
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--configs", nargs="*", default=[],
+                        help="flashop kernel configs to time as well, next to the policy's pick")
     args = parser.parse_args()
     mode = {"forward": "fwd", "backward": "bwd"}[args.direction]
     for seqlen in args.seqlens:
@@ -45,15 +49,17 @@ def main():
         case = Case(args.dtype, args.headdim, seqlen, max(1, 32768 // seqlen), 2048 // args.headdim, args.causal, mode)
         print(f"\n## {args.direction} {args.dtype} d{args.headdim} seqlen {seqlen} causal={args.causal} "
               f"({case.batch}x{case.heads}); ms per call")
-        for impl in ("flashop", "flash", "cudnn"):
-            fn = make_runner(impl, case, "cuda")
+        runs = [("flashop", None)] + [("flashop", c) for c in args.configs] + [("flash", None), ("cudnn", None)]
+        for impl, config in runs:
+            fn = make_runner(impl, case, "cuda", config=config)
             rows = breakdown(fn, args.repeats)
             total = sum(ms for _, ms in rows)
             # Wall time of the call on the GPU (the benchmark's measure, L2 flushed before each call)
             # against the sum of its kernels (profiled with a warm L2): a clearly positive difference
             # is time the GPU spent idle inside the call.
             wall = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-            print(f"{impl:8s} kernels {total:8.3f}  do_bench {wall:8.3f}  wall - kernels {wall - total:+7.3f}")
+            label = impl if config is None else config
+            print(f"{label:8s} kernels {total:8.3f}  do_bench {wall:8.3f}  wall - kernels {wall - total:+7.3f}")
             for name, ms in rows[:6]:
                 print(f"    {ms:8.3f}  {name[:110]}")
 
