@@ -58,11 +58,12 @@ def cpu_isa_flags():
 
 
 def hopper_extension():
-    """flashop._C_sm90: the wgmma + TMA forward kernels, built for sm_90a only (a separate module, so the
-    mma.sync sources keep their own targets). Built when the CUDA build targets sm_90."""
+    """flashop._C_sm90: the wgmma + TMA forward and backward kernels, built for sm_90a only (a separate
+    module, so the mma.sync sources keep their own targets). Built when the CUDA build targets sm_90."""
     from torch.utils.cpp_extension import CUDAExtension
 
-    sources = ["csrc/checks.cpp", "csrc/cuda/sm90/forward_sm90.cu", "csrc/cuda/sm90/bindings_sm90.cpp"]
+    sources = ["csrc/checks.cpp", "csrc/cuda/sm90/forward_sm90.cu", "csrc/cuda/sm90/backward_sm90.cu",
+               "csrc/cuda/sm90/bindings_sm90.cpp"]
     nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr",
             "-gencode=arch=compute_90a,code=sm_90a"]
     return CUDAExtension("flashop._C_sm90", sources, include_dirs=[os.path.join(ROOT, "csrc")],

@@ -47,6 +47,8 @@ __all__ = [
     "BACKWARD_CONFIGS",
     "parse_backward",
     "select_backward",
+    "HopperBackwardConfig",
+    "HOPPER_BACKWARD_CONFIGS",
 ]
 
 DTYPES = ("fp16", "bf16")
@@ -620,3 +622,54 @@ HOPPER_FORWARD_CONFIGS = tuple(
     HopperConfig(dtype, 256, block_n=80, tma_store=True) for dtype in DTYPES) + tuple(
     # d64 with B_r = 192 (three consumer warpgroups; FlashAttention-3's d64 tile), one tile per CTA.
     HopperConfig(dtype, 64, block_m=192, tma_store=True) for dtype in DTYPES)
+
+
+# ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
+#
+# Names: sm90.bwd.<dtype>.d128.bc128.br64. FlashAttention-2's backward on wgmma + TMA: one producer and
+# two consumer warpgroups per key tile of 128 rows (csrc/cuda/sm90/bwd_kernel_sm90.cuh). Not
+# deterministic (dQ atomics): deterministic=True runs an mma.sync backward config instead.
+
+
+@dataclass(frozen=True)
+class HopperBackwardConfig:
+    dtype: str
+    headdim: int = 128
+    block_n: int = 128  # keys per CTA
+    block_m: int = 64  # queries per step
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"HopperBackwardConfig: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if (self.headdim, self.block_n, self.block_m) != (128, 128, 64):
+            raise ValueError(f"HopperBackwardConfig {self.name!r}: the kernel takes D = 128, B_c = 128, B_r = 64")
+
+    @property
+    def name(self) -> str:
+        return f"sm90.bwd.{self.dtype}.d{self.headdim}.bc{self.block_n}.br{self.block_m}"
+
+    def runs_on(self, capability: tuple) -> bool:
+        return tuple(capability) == (9, 0)
+
+    def smem_bytes(self) -> int:
+        """Sm90BwdTraits::kSmemBytes: K and V tiles, 2 stages of Q and dO, 2 dS buffers (B_r x B_c), 2 stages
+        of lse and D (B_r floats each), 5 mbarriers and 1024 bytes of alignment slack."""
+        d, n, m = self.headdim, self.block_n, self.block_m
+        return ELEMENT_BYTES * (2 * n * d + 2 * 2 * m * d + 2 * m * n) + 2 * 2 * m * 4 + 8 * 5 + 1024
+
+    @classmethod
+    def parse(cls, name: str) -> "HopperBackwardConfig":
+        parts = name.split(".")
+        if len(parts) != 6 or parts[:2] != ["sm90", "bwd"]:
+            raise ValueError(f"Hopper backward config {name!r}: expected sm90.bwd.<dtype>.d<D>.bc<B_c>.br<B_r>")
+        try:
+            config = cls(parts[2], int(parts[3][1:]), int(parts[4][2:]), int(parts[5][2:]))
+        except ValueError as e:
+            raise ValueError(f"Hopper backward config {name!r}: {e}") from None
+        if config.name != name:
+            raise ValueError(f"Hopper backward config {name!r}: not in canonical form ({config.name})")
+        return config
+
+
+# The registry table in csrc/cuda/sm90/backward_sm90.cu lists the same names in the same order.
+HOPPER_BACKWARD_CONFIGS = tuple(HopperBackwardConfig(dtype) for dtype in ("bf16", "fp16"))

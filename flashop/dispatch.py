@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from .configs import HopperConfig, KernelConfig, parse_backward
+from .configs import HopperBackwardConfig, HopperConfig, KernelConfig, parse_backward
 
 CPU_CONFIG = "cpu"
 
@@ -77,8 +77,12 @@ def _built(direction: str) -> tuple[str, ...]:
     native = _native()
     getter = getattr(native, f"built_{direction}_configs", None)
     names = tuple(getter()) if native.WITH_CUDA and getter is not None else ()
-    hopper = hopper_module() if direction == "forward" else None
-    return names + (tuple(hopper.built_configs()) if hopper is not None else ())
+    hopper = hopper_module()
+    if hopper is None:
+        return names
+    hopper_names = hopper.built_configs() if direction == "forward" else getattr(hopper, "built_backward_configs",
+                                                                                  list)()
+    return names + tuple(hopper_names)
 
 
 def built_configs(direction: str = "forward") -> list[str]:
@@ -171,6 +175,18 @@ LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 1024)}
 # where it was ahead by less (d64 causal 1k, d128 2k), the benchmark's own timing disagreed, so those
 # keep one tile per CTA. d128 causal and d256 (no room for the O tile) always do.
 PERSISTENT_HOPPER_BELOW = {64: (1024, 1024), 128: (2048, 0)}
+# Head dimensions whose backward default on compute capability 9.0 is the wgmma kernel (sm90.bwd.*) rather
+# than the first listed mma.sync config.
+HOPPER_BACKWARD_HEADDIMS = ()
+
+
+def mma_sync_backward_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> str:
+    """The policy's backward pick among the mma.sync configs only: deterministic=True needs one (the
+    wgmma backward adds dQ with atomics in any order)."""
+    device = DeviceInfo.of(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    problem = problem_of(q, k, causal, "backward")
+    built = [n for n in built_configs("backward") if not n.startswith("sm90.bwd.")]
+    return choose_config(device, problem, built, tuned_entries(device.name))[0]
 
 
 def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
@@ -205,16 +221,19 @@ def _shape_of(config: KernelConfig):
 
 
 def parse_config(name: str):
-    """KernelConfig (mma.sync forward), HopperConfig (`sm90.` names) or BackwardConfig (`bwd.` names)."""
+    """KernelConfig (mma.sync forward), HopperConfig (`sm90.` names), BackwardConfig (`bwd.` names) or
+    HopperBackwardConfig (`sm90.bwd.` names)."""
     if name.startswith("bwd."):
         return parse_backward(name)
+    if name.startswith("sm90.bwd."):
+        return HopperBackwardConfig.parse(name)
     if name.startswith("sm90."):
         return HopperConfig.parse(name)
     return KernelConfig.parse(name)
 
 
 def runs_on(config, capability: tuple[int, int]) -> bool:
-    if isinstance(config, HopperConfig):
+    if isinstance(config, (HopperConfig, HopperBackwardConfig)):
         return config.runs_on(capability)  # sm_90a code runs on compute capability 9.0 only
     return capability[0] * 10 + capability[1] >= getattr(config, "min_sm", 80)
 
@@ -244,7 +263,11 @@ def choose_config(device: DeviceInfo, problem: Problem, built: list[str], tuned:
     if tuned and tuned.get(key) in names:
         return tuned[key], f"tuned cache entry {key}"
     if problem.direction == "backward":
+        hopper_bwd = [c for c in pool if isinstance(c, HopperBackwardConfig)]
+        if hopper_bwd and problem.headdim in HOPPER_BACKWARD_HEADDIMS:
+            return hopper_bwd[0].name, "backward default on compute capability 9.0: the wgmma kernel"
         # Backward configs are listed best first per headdim (flashop/configs.py, BACKWARD_CONFIGS).
+        pool = [c for c in pool if not isinstance(c, HopperBackwardConfig)] or pool
         return pool[0].name, "backward default: first listed config that is built and fits"
     hopper = [c for c in pool if isinstance(c, HopperConfig) and c.pingpong]
     if hopper:

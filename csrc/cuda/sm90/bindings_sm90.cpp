@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../../checks.h"
+#include "../bwd_glue.h"
 #include "../forward_glue.h"
 #include "../fwd_params.h"
 #include "registry_sm90.cuh"
@@ -138,13 +139,70 @@ int64_t config_smem(const std::string& name) {
   return static_cast<int64_t>(k->smem_bytes);
 }
 
+const Sm90BwdKernel* find_bwd_kernel(const std::string& name) {
+  for (int i = 0; i < num_sm90_bwd_kernels(); ++i)
+    if (name == sm90_bwd_kernels()[i].name) return &sm90_bwd_kernels()[i];
+  return nullptr;
+}
+
+std::string built_bwd_list() {
+  std::ostringstream os;
+  for (int i = 0; i < num_sm90_bwd_kernels(); ++i) os << (i ? ", " : "") << sm90_bwd_kernels()[i].name;
+  return os.str();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, const at::Tensor& q,
+                                                        const at::Tensor& k, const at::Tensor& v,
+                                                        const at::Tensor& out, const at::Tensor& softmax_lse,
+                                                        double softmax_scale, bool causal, bool deterministic,
+                                                        const std::string& config) {
+  const AttentionDims dims = check_forward_inputs(q, k, v);
+  check_backward_inputs(dout, q, out, softmax_lse, dims);
+  TORCH_CHECK(q.is_cuda(), "flashop.backward (sm90): tensors must be CUDA tensors");
+  const at::ScalarType st = q.scalar_type();
+  TORCH_CHECK(st == at::kHalf || st == at::kBFloat16, "flashop.backward (sm90): dtype must be float16 or bfloat16");
+  TORCH_CHECK(std::isfinite(softmax_scale), "flashop.backward: softmax_scale must be finite");
+  const Sm90BwdKernel* kernel = find_bwd_kernel(config);
+  TORCH_CHECK(kernel != nullptr, "flashop.backward: unknown kernel config '", config, "'; built sm90 configs: ",
+              built_bwd_list());
+  TORCH_CHECK(!deterministic, "flashop.backward: kernel config '", config,
+              "' adds dQ with atomics in any order; deterministic=True needs an mma.sync backward config (bwd.*)");
+  const DType dt = st == at::kHalf ? DType::kFp16 : DType::kBf16;
+  TORCH_CHECK(kernel->dtype == dt, "flashop.backward: kernel config '", config, "' is for ",
+              dtype_name(kernel->dtype), " but q is ", dtype_name(dt));
+  TORCH_CHECK(kernel->headdim == dims.headdim, "flashop.backward: kernel config '", config,
+              "' is for head dimension ", num(kernel->headdim), " but q has head dimension ", num(dims.headdim));
+  c10::cuda::CUDAGuard guard(q.device());
+  const bwd_glue::BwdDevice dev = bwd_glue::bwd_device(q.get_device());
+  TORCH_CHECK(dev.sm == 90, "flashop.backward (sm90): kernels are built for sm_90a; the device is ",
+              num(dev.sm / 10), ".", num(dev.sm % 10));
+  TORCH_CHECK(static_cast<long long>(kernel->smem_bytes) <= dev.smem_optin, "flashop.backward: kernel config '",
+              config, "' needs ", num(kernel->smem_bytes), " bytes of shared memory; device allows ",
+              num(dev.smem_optin));
+  return bwd_glue::run_backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dims, dev,
+                                kernel->block_m, kernel->launch, kernel->name);
+}
+
+std::vector<std::string> built_backward_configs() {
+  std::vector<std::string> names;
+  for (int i = 0; i < num_sm90_bwd_kernels(); ++i) names.emplace_back(sm90_bwd_kernels()[i].name);
+  return names;
+}
+
+int64_t backward_config_smem(const std::string& name) {
+  const Sm90BwdKernel* k = find_bwd_kernel(name);
+  TORCH_CHECK(k != nullptr, "flashop.backward: unknown kernel config '", name, "'; built sm90 configs: ",
+              built_bwd_list());
+  return static_cast<int64_t>(k->smem_bytes);
+}
+
 }  // namespace
 }  // namespace sm90
 }  // namespace flashop
 
 PYBIND11_MODULE(_C_sm90, m) {
   namespace py = pybind11;
-  m.doc() = "flashop Hopper (sm_90a) forward kernels: TMA + wgmma + warp specialisation";
+  m.doc() = "flashop Hopper (sm_90a) kernels: TMA + wgmma + warp specialisation (forward, backward)";
   m.def("forward", &flashop::sm90::forward, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("softmax_scale"), py::arg("causal"), py::arg("config"),
         "FlashAttention forward on sm_90a. q (B, Sq, Hq, D), k/v (B, Sk, Hk, D), fp16/bf16. "
@@ -154,4 +212,13 @@ PYBIND11_MODULE(_C_sm90, m) {
         "Names of the sm90 forward kernel configs compiled into this module.");
   m.def("config_smem", &flashop::sm90::config_smem, py::arg("name"),
         "Dynamic shared memory per block (bytes) of a built sm90 config.");
+  m.def("backward", &flashop::sm90::backward, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("out"), py::arg("softmax_lse"), py::arg("softmax_scale"), py::arg("causal"),
+        py::arg("deterministic"), py::arg("config"),
+        "FlashAttention backward on sm_90a (wgmma + TMA main kernel). Arguments and result as "
+        "flashop._C.cuda_backward; config: a name from built_backward_configs(); not deterministic.");
+  m.def("built_backward_configs", &flashop::sm90::built_backward_configs,
+        "Names of the sm90 backward kernel configs compiled into this module.");
+  m.def("backward_config_smem", &flashop::sm90::backward_config_smem, py::arg("name"),
+        "Dynamic shared memory per block (bytes) of a built sm90 backward config.");
 }

@@ -1,4 +1,4 @@
-// The table of compiled sm_90a forward kernels (defined in forward_sm90.cu).
+// The tables of compiled sm_90a kernels: forward (forward_sm90.cu) and backward (backward_sm90.cu).
 // Plain C++ (no device code): bindings_sm90.cpp includes it with the host compiler.
 #pragma once
 
@@ -6,6 +6,7 @@
 
 #include <cstddef>
 
+#include "../bwd_params.h"
 #include "../fwd_params.h"
 #include "../kernel_config.h"
 
@@ -30,6 +31,22 @@ struct Sm90FwdKernel {
 
 const Sm90FwdKernel* sm90_fwd_kernels();
 int num_sm90_fwd_kernels();
+
+struct Sm90BwdKernel {
+  const char* name;  // "sm90.bwd.<dtype>.d128.bc128.br64"
+  // Preprocess, main and dQ conversion kernels on `stream`, from params filled by the backward glue
+  // (csrc/cuda/bwd_glue.h); cudaErrorInvalidValue for arguments the kernel does not take
+  // (another head dimension, deterministic mode).
+  cudaError_t (*launch)(const BwdParams&, cudaStream_t);
+  DType dtype;
+  int headdim;
+  int block_m;
+  int block_n;
+  std::size_t smem_bytes;
+};
+
+const Sm90BwdKernel* sm90_bwd_kernels();
+int num_sm90_bwd_kernels();
 
 }  // namespace sm90
 }  // namespace flashop

@@ -1,0 +1,357 @@
+// Hopper (sm_90a) backward main kernel: FlashAttention-2's algorithm (one CTA per key tile, walking
+// the query tiles that see it) on wgmma + TMA with warp specialisation. The preprocess
+// (D = rowsum(dO O), lse * log2 e, dQ accumulator zeroed) and dQ conversion kernels are the
+// mma.sync path's (sm80/bwd_kernel.cuh); only the main kernel differs.
+//
+// One CTA per (key tile of 128 rows, kv head, batch); 384 threads:
+//   producer (warpgroup 0, setmaxnreg.dec 24; one thread): K_j, V_j once, then per step Q_i, dO_i,
+//     lse_log2_i and D_i into a 2-stage ring (full/empty mbarriers);
+//   consumer c (warpgroups 1, 2; setmaxnreg.inc 240): keys 64c .. 64c+63 of the tile.
+// Per step (query tile i of B_r = 64 rows, one query head of the kv head's group):
+//   S^T  = K_c Q_i^T            SS wgmma m64n64, K = D     (both K-major)
+//   dP^T = V_c dO_i^T           SS wgmma m64n64            (issued right after S^T)
+//   P^T  = exp2(S^T scale log2e - lse_log2_i), masked      (under dP^T's wgmma)
+//   dS^T = P^T (dP^T - D_i)
+//   dV_c += P^T dO_i            RS wgmma m64n128, K = 64 queries (dO MN-major)
+//   dK_c += dS^T Q_i            RS wgmma m64n128
+//   dS_i -> shared memory ([query][key], stmatrix.trans), both consumers' halves, double-buffered
+//   dQ_i[:, 64c:64c+64] = dS_i K[:, 64c:64c+64]   SS wgmma m64n64, K = 128 keys (K MN-major)
+//   dQ fragments -> red.global.add.v2.f32 into the fp32 accumulator (unscaled).
+// dK (times softmax_scale) and dV are written from registers at the end. GQA: the walk covers every
+// query head of the kv head's group, so dK/dV are summed over the group without atomics.
+// Shared memory (128B-swizzled tiles of 64 columns, as the TMA maps write them): K, V 2 x 32 KiB;
+// Q, dO 2 stages x 16 KiB each; dS 2 buffers x 16 KiB; lse/D 2 stages x 512 B: 161 KiB.
+// Not deterministic (dQ atomics): the glue routes deterministic=True to the mma.sync kernels.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../bwd_params.h"
+#include "primitives.cuh"
+
+namespace flashop {
+namespace sm90 {
+
+template <bool kBf16_>
+struct Sm90BwdTraits {
+  static constexpr bool kBf16 = kBf16_;
+  static constexpr int kHeadDim = 128;
+  static constexpr int kBlockN = 128;  // keys per CTA (64 per consumer warpgroup)
+  static constexpr int kBlockM = 64;   // queries per step
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 384;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  // A 64-column block of a tile (128 bytes per row, 128B swizzle).
+  static constexpr uint32_t kKVHalf = kBlockN * 64 * 2;  // 16 KiB
+  static constexpr uint32_t kQHalf = kBlockM * 64 * 2;   // 8 KiB
+  static constexpr uint32_t kKOff = 0;
+  static constexpr uint32_t kVOff = kKOff + 2 * kKVHalf;
+  static constexpr uint32_t kQOff = kVOff + 2 * kKVHalf;        // stage s at + s * 2 * kQHalf
+  static constexpr uint32_t kDOOff = kQOff + kStages * 2 * kQHalf;
+  static constexpr uint32_t kDSOff = kDOOff + kStages * 2 * kQHalf;  // buffer u, key half c at + (2u + c) kQHalf
+  static constexpr uint32_t kLseOff = kDSOff + 2 * 2 * kQHalf;      // stage s at + s * 256
+  static constexpr uint32_t kDsumOff = kLseOff + kStages * kBlockM * 4;
+  static constexpr uint32_t kBarOff = kDsumOff + kStages * kBlockM * 4;
+  static constexpr uint32_t kBars = 1 + 2 * kStages;  // kv_full, full[s], empty[s]
+  // + 1024: the dynamic shared memory base is aligned up to 1024 bytes in the kernel.
+  static constexpr uint32_t kSmemBytes = kBarOff + 8 * kBars + 1024;
+  static constexpr uint32_t kStepTxBytes = 4 * kQHalf + 2 * kBlockM * 4;  // Q, dO, lse, D
+};
+
+// 1-D bulk copy global -> shared (16-byte multiples), completing on an mbarrier.
+__device__ __forceinline__ void bulk_load(uint32_t smem_dst, const void* src, uint32_t bytes, uint32_t bar) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_dst),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+               : "memory");
+#endif
+}
+
+// Four 8x8 16-bit matrices stored transposed (row r of matrix i from lane 8i + r's address).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void red_add_v2(float* addr, float a, float b) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(addr), "f"(a), "f"(b) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pack16(float lo, float hi) {
+  if constexpr (kBf16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// First query tile of B_r rows that sees key `key0` (bottom-right causal: query i sees key j iff
+// j <= i + Sk - Sq); 0 when not causal. May be >= the number of query tiles (no work).
+__device__ __forceinline__ int bwd_first_query_tile(const BwdParams& p, int key0, int block_m) {
+  if (!p.causal) return 0;
+  const int64_t q = int64_t(key0) - (int64_t(p.seqlen_k) - p.seqlen_q);
+  return q <= 0 ? 0 : static_cast<int>(q / block_m);
+}
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    bwd_kernel_sm90(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                    const __grid_constant__ BwdParams p) {
+#ifdef FLASHOP_SM90_ENABLED
+  constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kD = T::kHeadDim;
+  using Elem = typename std::conditional<T::kBf16, __nv_bfloat16, __half>::type;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = base + T::kKOff, sV = base + T::kVOff;
+  const uint32_t bar_kv = base + T::kBarOff;
+  auto bar_full = [&](int s) { return bar_kv + 8u * (1 + s); };
+  auto bar_empty = [&](int s) { return bar_kv + 8u * (1 + T::kStages + s); };
+
+  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int key0 = n_block * kBN;
+  const int m_tiles = (p.seqlen_q + kBM - 1) / kBM;
+  const int m_first = bwd_first_query_tile(p, key0, kBM);
+  const int per_head = m_first < m_tiles ? m_tiles - m_first : 0;
+  const int total = per_head * p.head_ratio;  // steps: (query head of the group, query tile)
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) {
+    tma_prefetch_desc(&tm_q);
+    tma_prefetch_desc(&tm_k);
+    tma_prefetch_desc(&tm_v);
+    tma_prefetch_desc(&tm_do);
+    mbar_init(bar_kv, 1);
+    for (int s = 0; s < T::kStages; ++s) {
+      mbar_init(bar_full(s), 1);
+      mbar_init(bar_empty(s), 8);  // one arrival per consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer
+    setmaxnreg_dec<T::kProducerRegs>();
+    if (tid == 0 && total > 0) {
+      mbar_arrive_expect_tx(bar_kv, 4 * T::kKVHalf);
+      for (int h = 0; h < 2; ++h) {
+        tma_load_4d(&tm_k, sK + h * T::kKVHalf, bar_kv, 64 * h, key0, hk, b);
+        tma_load_4d(&tm_v, sV + h * T::kKVHalf, bar_kv, 64 * h, key0, hk, b);
+      }
+      for (int it = 0; it < total; ++it) {
+        const int s = it % T::kStages;
+        const uint32_t use = it / T::kStages;
+        if (use > 0) mbar_wait(bar_empty(s), (use - 1) & 1);
+        const int hq = hk * p.head_ratio + it / per_head;
+        const int m = m_first + it % per_head;
+        const uint32_t full = bar_full(s);
+        mbar_arrive_expect_tx(full, T::kStepTxBytes);
+        const uint32_t sQ = base + T::kQOff + s * 2 * T::kQHalf, sDO = base + T::kDOOff + s * 2 * T::kQHalf;
+        for (int h = 0; h < 2; ++h) {
+          tma_load_4d(&tm_q, sQ + h * T::kQHalf, full, 64 * h, m * kBM, hq, b);
+          tma_load_4d(&tm_do, sDO + h * T::kQHalf, full, 64 * h, m * kBM, hq, b);
+        }
+        // The workspaces are padded to kBwdSeqQPad rows: the whole tile is in bounds.
+        const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + int64_t(m) * kBM;
+        bulk_load(base + T::kLseOff + s * kBM * 4, p.lse_log2 + row, kBM * 4, full);
+        bulk_load(base + T::kDsumOff + s * kBM * 4, p.dsum + row, kBM * 4, full);
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------- consumer
+  setmaxnreg_inc<T::kConsumerRegs>();
+  const int c = wg - 1;  // keys 64c .. 64c+63 of the tile
+  const int ctid = tid - 128 * wg;
+  const int warp = ctid / 32, lane = ctid % 32;
+  const int g = lane / 4, t = lane % 4;
+  // Accumulator fragments (m64 x N): rows 16 warp + g (+8), columns 8i + 2t (+1) of n8 block i.
+  const int key_lo = key0 + 64 * c + 16 * warp + g;  // this thread's keys: key_lo, key_lo + 8
+
+  float acc_dv[kD / 2], acc_dk[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
+
+  if (total > 0) mbar_wait(bar_kv, 0);
+  const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
+
+  for (int it = 0; it < total; ++it) {
+    const int s = it % T::kStages;
+    const int hq = hk * p.head_ratio + it / per_head;
+    const int m = m_first + it % per_head;
+    const int q0 = m * kBM;
+    const uint32_t sQ = base + T::kQOff + s * 2 * T::kQHalf, sDO = base + T::kDOOff + s * 2 * T::kQHalf;
+    mbar_wait(bar_full(s), (it / T::kStages) & 1);
+
+    // S^T = K_c Q^T and dP^T = V_c dO^T: 8 k16 steps over D each (two 64-column blocks).
+    float st[kBM / 2], dpt[kBM / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kD / 16; ++k) {
+      const uint32_t koff = (k / 4) * T::kKVHalf + 64 * c * 128 + (k % 4) * 32;
+      const uint32_t qoff = (k / 4) * T::kQHalf + (k % 4) * 32;
+      wgmma_ss<T::kBf16, kBM, 0>(st, make_desc_sw128(sK + koff, 16, 1024), make_desc_sw128(sQ + qoff, 16, 1024),
+                                 k > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int k = 0; k < kD / 16; ++k) {
+      const uint32_t koff = (k / 4) * T::kKVHalf + 64 * c * 128 + (k % 4) * 32;
+      const uint32_t qoff = (k / 4) * T::kQHalf + (k % 4) * 32;
+      wgmma_ss<T::kBf16, kBM, 0>(dpt, make_desc_sw128(sV + koff, 16, 1024), make_desc_sw128(sDO + qoff, 16, 1024),
+                                 k > 0);
+    }
+    wgmma_commit();
+
+    // P^T while dP^T runs. Columns (queries) of n8 block i: q0 + 8i + 2t (+1).
+    wgmma_wait<1>();
+    fence_regs(st);
+    const uint32_t sLse = base + T::kLseOff + s * kBM * 4, sDsum = base + T::kDsumOff + s * kBM * 4;
+    const bool need_mask =
+        key0 + kBN > p.seqlen_k || (p.causal && int64_t(key0) + kBN - 1 > int64_t(q0) + causal_shift);
+#pragma unroll
+    for (int i = 0; i < kBM / 8; ++i) {
+      const int col = 8 * i + 2 * t;
+      float lse0, lse1;
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(lse0), "=f"(lse1) : "r"(sLse + col * 4));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float lse = (e & 1) ? lse1 : lse0;
+        float x = exp2f(st[4 * i + e] * p.scale_log2 - lse);
+        if (need_mask) {
+          const int key = key_lo + ((e & 2) ? 8 : 0);
+          const int64_t q = int64_t(q0) + col + (e & 1);
+          if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) x = 0.f;
+        }
+        st[4 * i + e] = x;  // P^T from here on
+      }
+    }
+    wgmma_wait<0>();
+    fence_regs(dpt);
+    // dS^T = P^T (dP^T - D); 16-bit A fragments of P^T and dS^T for k16 step j (queries 16j..16j+15).
+    uint32_t pa[kBM / 16][4], da[kBM / 16][4];
+#pragma unroll
+    for (int i = 0; i < kBM / 8; ++i) {
+      const int col = 8 * i + 2 * t;
+      float d0, d1;
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(d0), "=f"(d1) : "r"(sDsum + col * 4));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? d1 : d0));
+    }
+#pragma unroll
+    for (int j = 0; j < kBM / 16; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        // r = 0: block 2j rows g; 1: block 2j rows g+8; 2, 3: block 2j+1.
+        const int idx = 4 * (2 * j + r / 2) + 2 * (r % 2);
+        pa[j][r] = pack16<T::kBf16>(st[idx], st[idx + 1]);
+        da[j][r] = pack16<T::kBf16>(dpt[idx], dpt[idx + 1]);
+      }
+    }
+
+    // dV += P^T dO, dK += dS^T Q (B MN-major: 16 query rows per k step = 2048 bytes, column
+    // blocks kQHalf apart).
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < kBM / 16; ++j)
+      wgmma_rs<T::kBf16, kD, 1>(acc_dv, pa[j], make_desc_sw128(sDO + j * 2048, T::kQHalf, 1024), 1);
+#pragma unroll
+    for (int j = 0; j < kBM / 16; ++j)
+      wgmma_rs<T::kBf16, kD, 1>(acc_dk, da[j], make_desc_sw128(sQ + j * 2048, T::kQHalf, 1024), 1);
+    wgmma_commit();
+
+    // dS (this consumer's 64 keys = key block c of the [query][key] tile) through stmatrix.trans:
+    // matrix mi of k step j holds keys 16 warp + 8 (mi % 2) .. +7 x queries 16j + 8 (mi / 2) .. +7.
+    const uint32_t sDS = base + T::kDSOff + (it & 1) * 2 * T::kQHalf;
+    {
+      const int mi = lane / 8, r = lane % 8;
+      const int chunk = 2 * warp + (mi % 2);  // 16-byte chunk (8 keys) of the 128-byte row
+#pragma unroll
+      for (int j = 0; j < kBM / 16; ++j) {
+        const int q = 16 * j + 8 * (mi / 2) + r;
+        stmatrix_x4_trans(sDS + c * T::kQHalf + q * 128 + ((chunk ^ (q & 7)) << 4), da[j]);
+      }
+    }
+    fence_proxy_async_smem();
+    named_bar_sync<1, 256>();  // both halves of dS written
+
+    // dQ[:, 64c .. 64c+63] = dS K[:, 64c .. 64c+63]: A = dS (K-major over keys, key blocks
+    // kQHalf apart), B = K block c (MN-major: 16 key rows per k step).
+    float dq[kBM / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kBN / 16; ++k)
+      wgmma_ss<T::kBf16, 64, 1>(dq, make_desc_sw128(sDS + (k / 4) * T::kQHalf + (k % 4) * 32, 16, 1024),
+                                make_desc_sw128(sK + c * T::kKVHalf + k * 2048, T::kKVHalf, 1024), k > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(dq);
+    fence_regs(acc_dv);
+    fence_regs(acc_dk);
+    // The RS wgmma read pa/da after their issue: keep the registers alive (unreused) until here.
+#pragma unroll
+    for (int j = 0; j < kBM / 16; ++j) {
+      fence_regs_u32(pa[j]);
+      fence_regs_u32(da[j]);
+    }
+    // Every read of this stage's Q, dO, lse, D is done: hand it back to the producer.
+    if (lane == 0) mbar_arrive(bar_empty(s));
+
+    // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped).
+    float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD + 64 * c;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 16 * warp + g + 8 * h;
+      if (q0 + row < p.seqlen_q) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) red_add_v2(gacc + row * kD + 8 * i + 2 * t, dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
+      }
+    }
+  }
+
+  // dK * scale and dV from registers (rows = keys key_lo, key_lo + 8; columns 8i + 2t).
+  Elem* gdk = static_cast<Elem*>(p.dk) + int64_t(b) * p.dk_batch_stride + int64_t(hk) * p.dk_head_stride;
+  Elem* gdv = static_cast<Elem*>(p.dv) + int64_t(b) * p.dv_batch_stride + int64_t(hk) * p.dv_head_stride;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key_lo + 8 * h;
+    if (key < p.seqlen_k) {
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i) {
+        const int col = 8 * i + 2 * t;
+        *reinterpret_cast<uint32_t*>(gdk + int64_t(key) * p.dk_row_stride + col) =
+            pack16<T::kBf16>(acc_dk[4 * i + 2 * h] * p.scale, acc_dk[4 * i + 2 * h + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(gdv + int64_t(key) * p.dv_row_stride + col) =
+            pack16<T::kBf16>(acc_dv[4 * i + 2 * h], acc_dv[4 * i + 2 * h + 1]);
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace sm90
+}  // namespace flashop

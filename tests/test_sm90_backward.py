@@ -1,0 +1,96 @@
+"""The Hopper (sm_90a) backward kernels of flashop._C_sm90 (sm90.bwd.*), named explicitly, against the
+float64 reference with FlashAttention's criterion; their routing (deterministic=True runs an mma.sync
+config). Skipped unless a GPU of compute capability 9.0 is present and the module has them."""
+import pytest
+import torch
+
+import flashop
+from flashop import dispatch
+from flashop.configs import HopperBackwardConfig
+from reference import assert_close_to_reference, attention_reference
+from test_forward import make_qkv
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0)
+NAMES = [n for n in dispatch.built_configs("backward") if n.startswith("sm90.bwd.")] if HOPPER else []
+pytestmark = pytest.mark.skipif(not NAMES, reason="needs a compute capability 9.0 GPU and sm90 backward kernels")
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_k): one element; ragged tails of both tiles; GQA 8:2 with
+# Sq > Sk (causal: the first query rows see no key); rows without keys; MQA over several key tiles;
+# a long walk (both dS buffers and ring stages wrap many times); Sk >> Sq.
+SHAPES = [(1, 1, 1, 1, 1), (2, 113, 257, 4, 4), (1, 257, 113, 8, 2), (1, 40, 16, 2, 2), (2, 300, 300, 4, 1),
+          (1, 1000, 1000, 2, 2), (1, 64, 640, 2, 2)]
+
+
+def _grads(name, q, k, v, dout, causal, deterministic=False):
+    out, lse = torch.ops.flashop.forward(q, k, v, None, causal, None)
+    return torch.ops.flashop.backward(dout, q, k, v, out, lse, None, causal, name, deterministic)
+
+
+def _reference_grads(q, k, v, dout, causal, upcast):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = attention_reference(q, k, v, causal=causal, upcast=upcast)[0]
+    return torch.autograd.grad(out, (q, k, v), dout.double() if upcast else dout)
+
+
+def check(name, q, k, v, causal, dout=None):
+    dout = torch.randn_like(q) if dout is None else dout
+    ours = _grads(name, q, k, v, dout, causal)
+    ref = _reference_grads(q, k, v, dout, causal, True)
+    lowp = _reference_grads(q, k, v, dout, causal, False)
+    for label, ours_g, ref_g, lowp_g, inp in zip(("dq", "dk", "dv"), ours, ref, lowp, (q, k, v)):
+        assert ours_g.shape == inp.shape and ours_g.dtype == inp.dtype
+        assert_close_to_reference(ours_g, ref_g, lowp_g, label, atol_floor=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", NAMES)
+def test_sm90_backward_matches_reference(name, shape, causal):
+    config = HopperBackwardConfig.parse(name)
+    check(name, *make_qkv((*shape, config.headdim), _DTYPES[config.dtype], "cuda"), causal)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sm90_backward_strided_inputs_and_dout(name):
+    config = HopperBackwardConfig.parse(name)
+    dtype = _DTYPES[config.dtype]
+    q, k, v = make_qkv((2, 77, 300, 4, 2, config.headdim), dtype, "cuda", layout="strided")
+    dout = torch.randn(2, 4, 77, config.headdim, dtype=dtype, device="cuda").transpose(1, 2)
+    check(name, q, k, v, True, dout)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sm90_backward_smem_matches_python(name):
+    assert HopperBackwardConfig.parse(name).smem_bytes() == dispatch.hopper_module().backward_config_smem(name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sm90_backward_refuses_deterministic(name):
+    config = HopperBackwardConfig.parse(name)
+    q, k, v = make_qkv((1, 64, 64, 2, 2, config.headdim), _DTYPES[config.dtype], "cuda")
+    with pytest.raises(RuntimeError, match="deterministic=True needs an mma.sync backward config"):
+        _grads(name, q, k, v, torch.randn_like(q), False, deterministic=True)
+
+
+def test_deterministic_policy_pick_is_mma_sync(monkeypatch):
+    """With the wgmma kernel as the policy's backward default, deterministic=True still gives
+    bit-identical gradients (an mma.sync config with the ordered dQ adds)."""
+    monkeypatch.setattr(dispatch, "HOPPER_BACKWARD_HEADDIMS", (128,))
+    dispatch._choose_cached.cache_clear()
+    try:
+        q, k, v = make_qkv((2, 300, 300, 4, 2, 128), torch.bfloat16, "cuda")
+        assert dispatch.config_for(q, k, True, "backward").startswith("sm90.bwd.")
+        assert not dispatch.mma_sync_backward_config(q, k, True).startswith("sm90.")
+        dout = torch.randn_like(q)
+        runs = [_det_grads(q, k, v, dout) for _ in range(2)]
+        for a, b in zip(*runs):
+            assert torch.equal(a, b)
+    finally:
+        dispatch._choose_cached.cache_clear()
+
+
+def _det_grads(q, k, v, dout):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = flashop.flash_attn_func(q, k, v, causal=True, deterministic=True)
+    return torch.autograd.grad(out, (q, k, v), dout)
