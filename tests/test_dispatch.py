@@ -8,7 +8,8 @@ import warnings
 import pytest
 
 from flashop import dispatch
-from flashop.configs import BACKWARD_CONFIGS, FORWARD_CONFIGS, HOPPER_FORWARD_CONFIGS, KernelConfig, parse_backward
+from flashop.configs import (BACKWARD_CONFIGS, FORWARD_CONFIGS, HOPPER_BACKWARD_CONFIGS, HOPPER_FORWARD_CONFIGS,
+                             KernelConfig, parse_backward)
 from flashop.dispatch import DeviceInfo, Problem
 
 ALL_BUILT = [c.name for c in FORWARD_CONFIGS] + [c.name for c in HOPPER_FORWARD_CONFIGS]
@@ -177,7 +178,7 @@ def test_cache_concurrent_writers(cache_dir):
     assert sorted(entries) == sorted(f"w{w}-{i}" for w in range(4) for i in range(10))
 
 
-ALL_BUILT_BACKWARD = [c.name for c in BACKWARD_CONFIGS]
+ALL_BUILT_BACKWARD = [c.name for c in BACKWARD_CONFIGS] + [c.name for c in HOPPER_BACKWARD_CONFIGS]
 
 
 @pytest.mark.parametrize("device", DEVICES.values(), ids=DEVICES.keys())
@@ -191,5 +192,17 @@ def test_backward_policy_returns_a_built_config_that_fits(device):
                 dispatch.choose_config(device, problem, ALL_BUILT_BACKWARD)
             continue
         name, _ = dispatch.choose_config(device, problem, ALL_BUILT_BACKWARD)
-        assert name == fitting[0].name  # the first listed that fits
+        if device.capability == (9, 0) and problem.headdim in dispatch.HOPPER_BACKWARD_HEADDIMS:
+            assert name == f"sm90.bwd.{problem.dtype}.d{problem.headdim}.bc128.br64"  # the wgmma kernel
+            continue
+        assert name == fitting[0].name  # the first listed mma.sync config that fits
         assert parse_backward(name).smem_bytes() <= device.smem_per_block
+
+
+def test_backward_wgmma_kernel_only_on_compute_capability_9_0():
+    problem = dispatch.Problem("bf16", 128, 4096, 4096, 16, True, "backward")
+    assert dispatch.choose_config(DEVICES["H100"], problem, ALL_BUILT_BACKWARD)[0] == "sm90.bwd.bf16.d128.bc128.br64"
+    assert dispatch.choose_config(DEVICES["A100"], problem, ALL_BUILT_BACKWARD)[0].startswith("bwd.")
+    # Another head dimension on 9.0 keeps the mma.sync default.
+    d64 = dataclasses.replace(problem, headdim=64)
+    assert dispatch.choose_config(DEVICES["H100"], d64, ALL_BUILT_BACKWARD)[0].startswith("bwd.bf16.d64.")
