@@ -176,7 +176,7 @@ LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 1024)}
 # keep one tile per CTA. d128 causal and d256 (no room for the O tile) always do.
 PERSISTENT_HOPPER_BELOW = {64: (1024, 1024), 128: (2048, 0)}
 # Head dimensions whose backward default on compute capability 9.0 is the wgmma kernel (sm90.bwd.*) rather
-# than the first listed mma.sync config: 1.21-1.27x the fastest mma.sync backward at d128 on an H200
+# than the first listed mma.sync config: 1.12-1.27x the fastest mma.sync backward at d128 on an H200
 # (bf16, 1k-16k, causal or not; docs/hopper.md).
 HOPPER_BACKWARD_HEADDIMS = (128,)
 
