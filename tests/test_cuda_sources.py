@@ -90,7 +90,7 @@ def test_nvcc_compiles_representative_kernels(tmp_path):
     jobs = [(s, "80") for s in gen.generate(str(tmp_path / "gen"), subset)]
     bwd = load_tool("gen_bwd_kernels")
     jobs += [(s, "80") for s in bwd.generate(str(tmp_path / "gen"), "bwd.bf16.d128.bc128.br64.w8.k32")]
-    jobs.append((os.path.join(ROOT, "csrc/cuda/sm90/forward_sm90.cu"), "90a"))  # the Hopper kernels
+    jobs += [(os.path.join(ROOT, f"csrc/cuda/sm90/{f}_sm90.cu"), "90a") for f in ("forward", "backward")]  # Hopper
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda job: nvcc_compile(job[0], str(tmp_path), job[1]), jobs))
     for cmd, result in results:
