@@ -94,17 +94,6 @@ __device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[4]) {
   for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
-template <bool kBf16>
-__device__ __forceinline__ uint32_t pack16(float lo, float hi) {
-  if constexpr (kBf16) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
 // First query tile of B_r rows that sees key `key0` (bottom-right causal: query i sees key j iff
 // j <= i + Sk - Sq); 0 when not causal. May be >= the number of query tiles (no work).
 __device__ __forceinline__ int bwd_first_query_tile(const BwdParams& p, int key0, int block_m) {
@@ -208,24 +197,21 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     mbar_wait(bar_full(s), (it / T::kStages) & 1);
 
     // S^T = K_c Q^T and dP^T = V_c dO^T: 8 k16 steps over D each (two 64-column blocks).
+    // acc = A_c B^T with A = K or V (this consumer's 64 rows), B = Q or dO, both K-major over D.
+    auto gemm_nt = [&](float (&acc)[kBM / 2], uint32_t sA, uint32_t sB) {
+#pragma unroll
+      for (int k = 0; k < kD / 16; ++k) {
+        const uint32_t aoff = (k / 4) * T::kKVHalf + 64 * c * 128 + (k % 4) * 32;
+        const uint32_t boff = (k / 4) * T::kQHalf + (k % 4) * 32;
+        wgmma_ss<T::kBf16, kBM, 0>(acc, make_desc_sw128(sA + aoff, 16, 1024), make_desc_sw128(sB + boff, 16, 1024),
+                                   k > 0);
+      }
+      wgmma_commit();
+    };
     float st[kBM / 2], dpt[kBM / 2];
     wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kD / 16; ++k) {
-      const uint32_t koff = (k / 4) * T::kKVHalf + 64 * c * 128 + (k % 4) * 32;
-      const uint32_t qoff = (k / 4) * T::kQHalf + (k % 4) * 32;
-      wgmma_ss<T::kBf16, kBM, 0>(st, make_desc_sw128(sK + koff, 16, 1024), make_desc_sw128(sQ + qoff, 16, 1024),
-                                 k > 0);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int k = 0; k < kD / 16; ++k) {
-      const uint32_t koff = (k / 4) * T::kKVHalf + 64 * c * 128 + (k % 4) * 32;
-      const uint32_t qoff = (k / 4) * T::kQHalf + (k % 4) * 32;
-      wgmma_ss<T::kBf16, kBM, 0>(dpt, make_desc_sw128(sV + koff, 16, 1024), make_desc_sw128(sDO + qoff, 16, 1024),
-                                 k > 0);
-    }
-    wgmma_commit();
+    gemm_nt(st, sK, sQ);
+    gemm_nt(dpt, sV, sDO);
 
     // P^T while dP^T runs. Columns (queries) of n8 block i: q0 + 8i + 2t (+1).
     wgmma_wait<1>();
@@ -268,8 +254,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       for (int r = 0; r < 4; ++r) {
         // r = 0: block 2j rows g; 1: block 2j rows g+8; 2, 3: block 2j+1.
         const int idx = 4 * (2 * j + r / 2) + 2 * (r % 2);
-        pa[j][r] = pack16<T::kBf16>(st[idx], st[idx + 1]);
-        da[j][r] = pack16<T::kBf16>(dpt[idx], dpt[idx + 1]);
+        pa[j][r] = pack2<T::kBf16>(st[idx], st[idx + 1]);
+        da[j][r] = pack2<T::kBf16>(dpt[idx], dpt[idx + 1]);
       }
     }
 
@@ -344,9 +330,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       for (int i = 0; i < kD / 8; ++i) {
         const int col = 8 * i + 2 * t;
         *reinterpret_cast<uint32_t*>(gdk + int64_t(key) * p.dk_row_stride + col) =
-            pack16<T::kBf16>(acc_dk[4 * i + 2 * h] * p.scale, acc_dk[4 * i + 2 * h + 1] * p.scale);
+            pack2<T::kBf16>(acc_dk[4 * i + 2 * h] * p.scale, acc_dk[4 * i + 2 * h + 1] * p.scale);
         *reinterpret_cast<uint32_t*>(gdv + int64_t(key) * p.dv_row_stride + col) =
-            pack16<T::kBf16>(acc_dv[4 * i + 2 * h], acc_dv[4 * i + 2 * h + 1]);
+            pack2<T::kBf16>(acc_dv[4 * i + 2 * h], acc_dv[4 * i + 2 * h + 1]);
       }
     }
   }

@@ -5,6 +5,9 @@
 // targets still parse the file.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
 #include "wgmma.cuh"
@@ -166,6 +169,18 @@ __device__ __forceinline__ void wgmma_wait() {
 #ifdef FLASHOP_SM90_ENABLED
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 #endif
+}
+
+// Two fp32 values as one 32-bit register of 16-bit elements (lo in the low half): wgmma A fragments.
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (kBf16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
 }
 
 // ---------------------------------------------------------------- registers
