@@ -626,7 +626,7 @@ HOPPER_FORWARD_CONFIGS = tuple(
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
 #
-# Names: sm90.bwd.<dtype>.d128.bc128.br64. FlashAttention-2's backward on wgmma + TMA: one producer and
+# Names: sm90.bwd.<dtype>.d<64|128>.bc128.br64. FlashAttention-2's backward on wgmma + TMA: one producer and
 # two consumer warpgroups per key tile of 128 rows (csrc/cuda/sm90/bwd_kernel_sm90.cuh). Not
 # deterministic (dQ atomics): deterministic=True runs an mma.sync backward config instead.
 
@@ -641,8 +641,8 @@ class HopperBackwardConfig:
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"HopperBackwardConfig: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if (self.headdim, self.block_n, self.block_m) != (128, 128, 64):
-            raise ValueError(f"HopperBackwardConfig {self.name!r}: the kernel takes D = 128, B_c = 128, B_r = 64")
+        if self.headdim not in (64, 128) or (self.block_n, self.block_m) != (128, 64):
+            raise ValueError(f"HopperBackwardConfig {self.name!r}: the kernel takes D = 64 or 128, B_c = 128, B_r = 64")
 
     @property
     def name(self) -> str:
@@ -672,4 +672,4 @@ class HopperBackwardConfig:
 
 
 # The registry table in csrc/cuda/sm90/backward_sm90.cu lists the same names in the same order.
-HOPPER_BACKWARD_CONFIGS = tuple(HopperBackwardConfig(dtype) for dtype in ("bf16", "fp16"))
+HOPPER_BACKWARD_CONFIGS = tuple(HopperBackwardConfig(dtype, d) for d in (128, 64) for dtype in ("bf16", "fp16"))

@@ -20,7 +20,7 @@ template <class T>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   // The aux kernels read only the head dimension and dtype of their config.
   using Aux = BwdConfig<T::kBf16 ? DType::kBf16 : DType::kFp16, T::kHeadDim, T::kBlockN, T::kBlockM, 8>;
-  if (p.deterministic || !sm80::bwd::bwd_params_ok<Aux>(p)) return cudaErrorInvalidValue;
+  if (p.deterministic || !sm80::bwd::bwd_params_ok<Aux>(p)) return cudaErrorInvalidValue;  // incl. headdim
   CUtensorMap tq, tk, tv, tdo;
   cudaError_t err = encode_bshd(&tq, T::kBf16, p.q, p.batch, p.seqlen_q, p.heads_q, p.headdim, p.q_batch_stride,
                                 p.q_row_stride, p.q_head_stride, T::kBlockM);
@@ -58,8 +58,10 @@ constexpr Sm90BwdKernel entry(const char* name) {
 }
 
 const Sm90BwdKernel kKernels[] = {
-    entry<Sm90BwdTraits<true>>("sm90.bwd.bf16.d128.bc128.br64"),
-    entry<Sm90BwdTraits<false>>("sm90.bwd.fp16.d128.bc128.br64"),
+    entry<Sm90BwdTraits<true, 128>>("sm90.bwd.bf16.d128.bc128.br64"),
+    entry<Sm90BwdTraits<false, 128>>("sm90.bwd.fp16.d128.bc128.br64"),
+    entry<Sm90BwdTraits<true, 64>>("sm90.bwd.bf16.d64.bc128.br64"),
+    entry<Sm90BwdTraits<false, 64>>("sm90.bwd.fp16.d64.bc128.br64"),
 };
 
 }  // namespace

@@ -15,12 +15,14 @@
 //   dV_c += P^T dO_i            RS wgmma m64n128, K = 64 queries (dO MN-major)
 //   dK_c += dS^T Q_i            RS wgmma m64n128
 //   dS_i -> shared memory ([query][key], stmatrix.trans), both consumers' halves, double-buffered
-//   dQ_i[:, 64c:64c+64] = dS_i K[:, 64c:64c+64]   SS wgmma m64n64, K = 128 keys (K MN-major)
+//   D = 128: dQ_i[:, 64c:64c+64] = dS_i K[:, 64c:64c+64]   SS wgmma m64n64, K = 128 keys (K MN-major)
+//   D = 64:  dQ_i += dS_i[:, keys of c] K[keys of c, :]     SS wgmma m64n64, K = 64 keys
 //   dQ fragments -> red.global.add.v2.f32 into the fp32 accumulator (unscaled).
 // dK (times softmax_scale) and dV are written from registers at the end. GQA: the walk covers every
 // query head of the kv head's group, so dK/dV are summed over the group without atomics.
-// Shared memory (128B-swizzled tiles of 64 columns, as the TMA maps write them): K, V 2 x 32 KiB;
-// Q, dO 2 stages x 16 KiB each; dS 2 buffers x 16 KiB; lse/D 2 stages x 512 B: 161 KiB.
+// Shared memory (128B-swizzled tiles of 64 columns, as the TMA maps write them), D = 128 (64): K, V
+// 2 x 32 (16) KiB; Q, dO 2 stages x 16 (8) KiB each; dS 2 buffers x 16 KiB; lse/D 2 stages x 512 B:
+// 161 (97) KiB.
 // Not deterministic (dQ atomics): the glue routes deterministic=True to the mma.sync kernels.
 #pragma once
 
@@ -37,10 +39,16 @@
 namespace flashop {
 namespace sm90 {
 
-template <bool kBf16_>
+template <bool kBf16_, int kHeadDim_>
 struct Sm90BwdTraits {
   static constexpr bool kBf16 = kBf16_;
-  static constexpr int kHeadDim = 128;
+  static constexpr int kHeadDim = kHeadDim_;  // 64 or 128
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "the sm90 backward takes D = 64 or 128");
+  static constexpr int kDBlocks = kHeadDim / 64;  // 64-column blocks of a Q, dO, K or V tile
+  // dQ_i = dS K over the 128 keys: at D = 128 each consumer computes 64 of the columns from both
+  // consumers' dS (one barrier over 256 threads); at D = 64 (no m64n32 spelled) each consumer adds
+  // the partial product of its own 64 keys (twice the atomics, a barrier of its own warpgroup).
+  static constexpr bool kDQSplitKeys = kHeadDim == 64;
   static constexpr int kBlockN = 128;  // keys per CTA (64 per consumer warpgroup)
   static constexpr int kBlockM = 64;   // queries per step
   static constexpr int kStages = 2;
@@ -49,19 +57,21 @@ struct Sm90BwdTraits {
   static constexpr int kConsumerRegs = 240;
   // A 64-column block of a tile (128 bytes per row, 128B swizzle).
   static constexpr uint32_t kKVHalf = kBlockN * 64 * 2;  // 16 KiB
-  static constexpr uint32_t kQHalf = kBlockM * 64 * 2;   // 8 KiB
+  static constexpr uint32_t kQHalf = kBlockM * 64 * 2;   // 8 KiB (also one 64-key block of dS)
+  static constexpr uint32_t kKVTile = kDBlocks * kKVHalf;
+  static constexpr uint32_t kQTile = kDBlocks * kQHalf;
   static constexpr uint32_t kKOff = 0;
-  static constexpr uint32_t kVOff = kKOff + 2 * kKVHalf;
-  static constexpr uint32_t kQOff = kVOff + 2 * kKVHalf;        // stage s at + s * 2 * kQHalf
-  static constexpr uint32_t kDOOff = kQOff + kStages * 2 * kQHalf;
-  static constexpr uint32_t kDSOff = kDOOff + kStages * 2 * kQHalf;  // buffer u, key half c at + (2u + c) kQHalf
+  static constexpr uint32_t kVOff = kKOff + kKVTile;
+  static constexpr uint32_t kQOff = kVOff + kKVTile;               // stage s at + s * kQTile
+  static constexpr uint32_t kDOOff = kQOff + kStages * kQTile;
+  static constexpr uint32_t kDSOff = kDOOff + kStages * kQTile;    // buffer u, key block c at + (2u + c) kQHalf
   static constexpr uint32_t kLseOff = kDSOff + 2 * 2 * kQHalf;      // stage s at + s * 256
   static constexpr uint32_t kDsumOff = kLseOff + kStages * kBlockM * 4;
   static constexpr uint32_t kBarOff = kDsumOff + kStages * kBlockM * 4;
   static constexpr uint32_t kBars = 1 + 2 * kStages;  // kv_full, full[s], empty[s]
   // + 1024: the dynamic shared memory base is aligned up to 1024 bytes in the kernel.
   static constexpr uint32_t kSmemBytes = kBarOff + 8 * kBars + 1024;
-  static constexpr uint32_t kStepTxBytes = 4 * kQHalf + 2 * kBlockM * 4;  // Q, dO, lse, D
+  static constexpr uint32_t kStepTxBytes = 2 * kQTile + 2 * kBlockM * 4;  // Q, dO, lse, D
 };
 
 // 1-D bulk copy global -> shared (16-byte multiples), completing on an mbarrier.
@@ -145,8 +155,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<T::kProducerRegs>();
     if (tid == 0 && total > 0) {
-      mbar_arrive_expect_tx(bar_kv, 4 * T::kKVHalf);
-      for (int h = 0; h < 2; ++h) {
+      mbar_arrive_expect_tx(bar_kv, 2 * T::kKVTile);
+      for (int h = 0; h < T::kDBlocks; ++h) {
         tma_load_4d(&tm_k, sK + h * T::kKVHalf, bar_kv, 64 * h, key0, hk, b);
         tma_load_4d(&tm_v, sV + h * T::kKVHalf, bar_kv, 64 * h, key0, hk, b);
       }
@@ -158,8 +168,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         const int m = m_first + it % per_head;
         const uint32_t full = bar_full(s);
         mbar_arrive_expect_tx(full, T::kStepTxBytes);
-        const uint32_t sQ = base + T::kQOff + s * 2 * T::kQHalf, sDO = base + T::kDOOff + s * 2 * T::kQHalf;
-        for (int h = 0; h < 2; ++h) {
+        const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
+        for (int h = 0; h < T::kDBlocks; ++h) {
           tma_load_4d(&tm_q, sQ + h * T::kQHalf, full, 64 * h, m * kBM, hq, b);
           tma_load_4d(&tm_do, sDO + h * T::kQHalf, full, 64 * h, m * kBM, hq, b);
         }
@@ -193,7 +203,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const int hq = hk * p.head_ratio + it / per_head;
     const int m = m_first + it % per_head;
     const int q0 = m * kBM;
-    const uint32_t sQ = base + T::kQOff + s * 2 * T::kQHalf, sDO = base + T::kDOOff + s * 2 * T::kQHalf;
+    const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
     mbar_wait(bar_full(s), (it / T::kStages) & 1);
 
     // S^T = K_c Q^T and dP^T = V_c dO^T: 8 k16 steps over D each (two 64-column blocks).
@@ -283,16 +293,27 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
     fence_proxy_async_smem();
-    named_bar_sync<1, 256>();  // both halves of dS written
-
-    // dQ[:, 64c .. 64c+63] = dS K[:, 64c .. 64c+63]: A = dS (K-major over keys, key blocks
-    // kQHalf apart), B = K block c (MN-major: 16 key rows per k step).
     float dq[kBM / 2];
-    wgmma_fence();
+    if constexpr (!T::kDQSplitKeys) {
+      named_bar_sync<1, 256>();  // both key blocks of dS written
+      // dQ[:, 64c .. 64c+63] = dS K[:, 64c .. 64c+63]: A = dS (K-major over the 128 keys, key blocks
+      // kQHalf apart), B = K column block c (MN-major: 16 key rows per k step).
+      wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kBN / 16; ++k)
-      wgmma_ss<T::kBf16, 64, 1>(dq, make_desc_sw128(sDS + (k / 4) * T::kQHalf + (k % 4) * 32, 16, 1024),
-                                make_desc_sw128(sK + c * T::kKVHalf + k * 2048, T::kKVHalf, 1024), k > 0);
+      for (int k = 0; k < kBN / 16; ++k)
+        wgmma_ss<T::kBf16, 64, 1>(dq, make_desc_sw128(sDS + (k / 4) * T::kQHalf + (k % 4) * 32, 16, 1024),
+                                  make_desc_sw128(sK + c * T::kKVHalf + k * 2048, T::kKVHalf, 1024), k > 0);
+    } else {
+      if (c == 0) named_bar_sync<2, 128>();  // this consumer's key block of dS written
+      else named_bar_sync<3, 128>();
+      // dQ (partial) = dS[:, 64c .. 64c+63] K[64c .. 64c+63, :]: A = key block c of dS, B = rows
+      // 64c .. of K (MN-major, one 64-column block).
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        wgmma_ss<T::kBf16, 64, 1>(dq, make_desc_sw128(sDS + c * T::kQHalf + k * 32, 16, 1024),
+                                  make_desc_sw128(sK + (64 * c + 16 * k) * 128, T::kKVHalf, 1024), k > 0);
+    }
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(dq);
@@ -308,7 +329,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if (lane == 0) mbar_arrive(bar_empty(s));
 
     // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped).
-    float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD + 64 * c;
+    float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD +
+                  (T::kDQSplitKeys ? 0 : 64 * c);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = 16 * warp + g + 8 * h;
