@@ -11,8 +11,9 @@
 //   S^T  = K_c Q_i^T            SS wgmma m64n64, K = D     (both K-major)
 //   dP^T = V_c dO_i^T           SS wgmma m64n64            (issued right after S^T)
 //   P^T  = exp2(S^T scale log2e - lse_log2_i), masked      (under dP^T's wgmma)
+//   dV_c += P^T dO_i            RS wgmma m64n128, K = 64 queries (dO MN-major; issued before dP^T is
+//                               waited for, so it runs under the next line)
 //   dS^T = P^T (dP^T - D_i)
-//   dV_c += P^T dO_i            RS wgmma m64n128, K = 64 queries (dO MN-major)
 //   dK_c += dS^T Q_i            RS wgmma m64n128
 //   dS_i -> shared memory ([query][key], stmatrix.trans), both consumers' halves, double-buffered
 //   D = 128: dQ_i[:, 64c:64c+64] = dS_i K[:, 64c:64c+64]   SS wgmma m64n64, K = 128 keys (K MN-major)
@@ -246,10 +247,28 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         st[4 * i + e] = x;  // P^T from here on
       }
     }
-    wgmma_wait<0>();
-    fence_regs(dpt);
-    // dS^T = P^T (dP^T - D); 16-bit A fragments of P^T and dS^T for k16 step j (queries 16j..16j+15).
+    // 16-bit A fragments of P^T for k16 step j (queries 16j..16j+15): r = 0: n8 block 2j rows g;
+    // 1: block 2j rows g+8; 2, 3: block 2j+1. dV += P^T dO is issued before dP^T is waited for, so
+    // that it runs under the dS^T arithmetic (B = dO MN-major: 16 query rows per k step = 2048
+    // bytes, column blocks kQHalf apart).
+    auto fragment = [](const float (&acc)[kBM / 2], int j, int r) {
+      const int idx = 4 * (2 * j + r / 2) + 2 * (r % 2);
+      return pack2<T::kBf16>(acc[idx], acc[idx + 1]);
+    };
     uint32_t pa[kBM / 16][4], da[kBM / 16][4];
+#pragma unroll
+    for (int j = 0; j < kBM / 16; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pa[j][r] = fragment(st, j, r);
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < kBM / 16; ++j)
+      wgmma_rs<T::kBf16, kD, 1>(acc_dv, pa[j], make_desc_sw128(sDO + j * 2048, T::kQHalf, 1024), 1);
+    wgmma_commit();
+
+    wgmma_wait<1>();  // dP^T done (dV may still run)
+    fence_regs(dpt);
+    // dS^T = P^T (dP^T - D), then dK += dS^T Q.
 #pragma unroll
     for (int i = 0; i < kBM / 8; ++i) {
       const int col = 8 * i + 2 * t;
@@ -259,22 +278,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? d1 : d0));
     }
 #pragma unroll
-    for (int j = 0; j < kBM / 16; ++j) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        // r = 0: block 2j rows g; 1: block 2j rows g+8; 2, 3: block 2j+1.
-        const int idx = 4 * (2 * j + r / 2) + 2 * (r % 2);
-        pa[j][r] = pack2<T::kBf16>(st[idx], st[idx + 1]);
-        da[j][r] = pack2<T::kBf16>(dpt[idx], dpt[idx + 1]);
-      }
-    }
-
-    // dV += P^T dO, dK += dS^T Q (B MN-major: 16 query rows per k step = 2048 bytes, column
-    // blocks kQHalf apart).
-    wgmma_fence();
-#pragma unroll
     for (int j = 0; j < kBM / 16; ++j)
-      wgmma_rs<T::kBf16, kD, 1>(acc_dv, pa[j], make_desc_sw128(sDO + j * 2048, T::kQHalf, 1024), 1);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) da[j][r] = fragment(dpt, j, r);
+    wgmma_fence();
 #pragma unroll
     for (int j = 0; j < kBM / 16; ++j)
       wgmma_rs<T::kBf16, kD, 1>(acc_dk, da[j], make_desc_sw128(sQ + j * 2048, T::kQHalf, 1024), 1);
