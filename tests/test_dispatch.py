@@ -206,3 +206,24 @@ def test_backward_wgmma_kernel_only_on_compute_capability_9_0():
     # Another head dimension on 9.0 keeps the mma.sync default.
     d64 = dataclasses.replace(problem, headdim=64)
     assert dispatch.choose_config(DEVICES["H100"], d64, ALL_BUILT_BACKWARD)[0].startswith("bwd.bf16.d64.")
+
+
+def test_policy_report_lists_every_family_and_both_picks():
+    """python -m flashop.policy: built configs of both directions (mma.sync, Hopper forward and
+    backward names) with their shared memory, and the policy's pick per direction for a shape."""
+    from flashop import policy
+    built = {"forward": [c.name for c in FORWARD_CONFIGS] + [c.name for c in HOPPER_FORWARD_CONFIGS],
+             "backward": ALL_BUILT_BACKWARD}
+    lines = policy.describe(built, DEVICES["H100"], (4, 8192, 8192, 16, 128), "bf16", True)
+    text = "\n".join(lines)
+    assert f"built forward configs ({len(built['forward'])})" in text
+    assert f"built backward configs ({len(ALL_BUILT_BACKWARD)})" in text
+    assert "sm90.bwd.bf16.d128.bc128.br64" in text and "sm90.bf16.d128.br128.bc176.tmao" in text
+    fwd = next(line for line in lines if line.lstrip().startswith("forward ("))
+    bwd = next(line for line in lines if line.lstrip().startswith("backward ("))
+    forward_problem = dispatch.Problem("bf16", 128, 8192, 8192, 64, True)
+    assert dispatch.choose_config(DEVICES["H100"], forward_problem, built["forward"])[0] in fwd
+    assert "sm90.bwd.bf16.d128.bc128.br64" in bwd
+    # A part that cannot run a headdim says so instead of failing.
+    lines = policy.describe(built, DEVICES["RTX4090"], (1, 1024, 1024, 8, 256), "bf16", False)
+    assert any("backward: " in line and "no built CUDA kernel runs" in line for line in lines)
