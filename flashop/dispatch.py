@@ -102,9 +102,11 @@ def _built_pairs(direction: str) -> frozenset:
     return frozenset(map(dtype_and_headdim, _built(direction)))
 
 
-def check_config(config: str | None, device: torch.device, dtype: torch.dtype, headdim: int, direction: str):
+def check_config(config: str | None, device: torch.device, dtype: torch.dtype, headdim: int, direction: str,
+                 deterministic: bool = False):
     """The rules for `config=`; the same in eager kernels and fake kernels. With config=None on CUDA,
-    some built kernel must take this dtype and headdim."""
+    some built kernel must take this dtype and headdim. A named wgmma backward config (`sm90.bwd.`)
+    cannot be deterministic."""
     op = f"flashop.{direction}"
     if config is None:
         if device.type == "cuda":
@@ -121,6 +123,9 @@ def check_config(config: str | None, device: torch.device, dtype: torch.dtype, h
             raise RuntimeError(f"{op}: config '{config}' is not a CPU kernel config; the CPU backend has one kernel, "
                                f"config=None or '{CPU_CONFIG}'")
         return
+    if deterministic and config.startswith("sm90.bwd."):
+        raise RuntimeError(f"{op}: kernel config '{config}' adds dQ with atomics in any order; "
+                           "deterministic=True needs an mma.sync backward config (bwd.*) or config=None")
     built = _built(direction)
     if config not in built:
         raise RuntimeError(f"{op}: unknown kernel config '{config}'; built configs: {', '.join(built) or '(none)'}")

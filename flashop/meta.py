@@ -92,5 +92,5 @@ def backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=Fa
     dims = check_forward_inputs(q, k, v)
     check_backward_inputs(dout, q, out, softmax_lse, dims)
     check_softmax_scale(softmax_scale)
-    dispatch.check_config(config, q.device, q.dtype, dims[5], "backward")
+    dispatch.check_config(config, q.device, q.dtype, dims[5], "backward", deterministic)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -60,15 +60,11 @@ if _C.WITH_CUDA:
                        deterministic=False):
         meta.check_backward_inputs(dout, q, out, softmax_lse, meta.check_forward_inputs(q, k, v))
         meta.check_softmax_scale(softmax_scale)
-        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "backward")
-        explicit = config is not None
+        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "backward", deterministic)
         if config is None:
             config = dispatch.config_for(q, k, causal, "backward")
-        if config.startswith("sm90.bwd.") and deterministic:
-            if explicit:
-                raise RuntimeError(f"flashop.backward: kernel config '{config}' adds dQ with atomics in any order; "
-                                   "deterministic=True needs an mma.sync backward config (bwd.*) or config=None")
-            config = dispatch.mma_sync_backward_config(q, k, causal)
+            if deterministic and config.startswith("sm90.bwd."):  # no ordered mode: the mma.sync pick
+                config = dispatch.mma_sync_backward_config(q, k, causal)
         scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
         if config.startswith("sm90.bwd."):
             return dispatch.hopper_module().backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic,

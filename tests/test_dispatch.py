@@ -6,6 +6,7 @@ import multiprocessing
 import warnings
 
 import pytest
+import torch
 
 from flashop import dispatch
 from flashop.configs import (BACKWARD_CONFIGS, FORWARD_CONFIGS, HOPPER_BACKWARD_CONFIGS, HOPPER_FORWARD_CONFIGS,
@@ -227,3 +228,11 @@ def test_policy_report_lists_every_family_and_both_picks():
     # A part that cannot run a headdim says so instead of failing.
     lines = policy.describe(built, DEVICES["RTX4090"], (1, 1024, 1024, 8, 256), "bf16", False)
     assert any("backward: " in line and "no built CUDA kernel runs" in line for line in lines)
+
+
+def test_named_wgmma_backward_cannot_be_deterministic():
+    """The rule the CUDA kernel and the fake kernel share (eager and trace time): a named sm90.bwd config
+    has no ordered dQ mode."""
+    with pytest.raises(RuntimeError, match="deterministic=True needs an mma.sync backward config"):
+        dispatch.check_config("sm90.bwd.bf16.d128.bc128.br64", torch.device("cuda"), torch.bfloat16, 128, "backward",
+                              deterministic=True)
