@@ -505,15 +505,17 @@ def select_backward(names_filter=None, configs=None) -> list:
 
 # ---------------------------------------------------------------- Hopper forward kernels (flashop._C_sm90)
 #
-# Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.tmao|.pers[.lpt]]. wgmma + TMA, one producer and two
+# Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.mc][.tmao|.pers[.lpt]]. wgmma + TMA, one producer and two
 # consumer warpgroups; "nopp" drops the ping-pong barriers that let one consumer's softmax run under the other's
 # GEMMs; "st3" gives the K/V ring 3 stages instead of 2;
 # "tmao" writes O through shared memory (the dead Q tile) with a TMA store; "pers" is the persistent kernel
 # (one CTA per SM walking the tiles; it always uses the TMA store, so "pers" implies "tmao"); "pers.lpt" walks
-# the tiles longest first over all heads and batches (query tile varying slowest; "lpt" requires "pers").
+# the tiles longest first over all heads and batches (query tile varying slowest; "lpt" requires "pers");
+# "mc" (one tile per CTA, TMA store) runs non-causal problems with an even number of query tiles as clusters of
+# two CTAs that share each K/V tile through TMA multicast (each loads half), other problems as "tmao" does.
 # Built for sm_90a only: they run on compute capability 9.0 exactly.
 
-_HOPPER_SUFFIXES = ("nopp", "st3", "tmao", "pers", "lpt")
+_HOPPER_SUFFIXES = ("nopp", "st3", "mc", "tmao", "pers", "lpt")
 _HOPPER_HEADDIMS = (64, 128, 256)
 
 
@@ -528,12 +530,15 @@ class HopperConfig:
     persistent: bool = False
     longest_first: bool = False  # persistent tile order: query tile slowest ("pers.lpt")
     stages: int = 2  # K/V ring depth ("st3": 3)
+    multicast: bool = False  # K/V shared by a cluster of two CTAs ("mc")
 
     def __post_init__(self):
         if self.persistent and not self.tma_store:
             raise ValueError("HopperConfig: persistent implies tma_store (the 'pers' kernel stages O in shared memory)")
         if self.longest_first and not self.persistent:
             raise ValueError("HopperConfig: longest_first is a tile order of the persistent kernel ('lpt' needs 'pers')")
+        if self.multicast and not (self.tma_store and not self.persistent):
+            raise ValueError("HopperConfig: multicast ('mc') is a one-tile-per-CTA TMA-store kernel ('mc.tmao')")
         if self.stages not in (2, 3):
             raise ValueError(f"HopperConfig: stages must be 2 or 3, got {self.stages}")
         if self.dtype not in DTYPES:
@@ -556,6 +561,7 @@ class HopperConfig:
         return (f"sm90.{self.dtype}.d{self.headdim}.br{self.block_m}.bc{self.block_n}"
                 + ("" if self.pingpong else ".nopp")
                 + ("" if self.stages == 2 else f".st{self.stages}")
+                + (".mc" if self.multicast else "")
                 + (".pers" if self.persistent else ".tmao" if self.tma_store else "")
                 + (".lpt" if self.longest_first else ""))
 
@@ -586,14 +592,14 @@ class HopperConfig:
         suffixes = parts[5:]
         if len(parts) < 5 or parts[0] != "sm90" or any(x not in _HOPPER_SUFFIXES for x in suffixes):
             raise ValueError(
-                f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.tmao|.pers[.lpt]]")
+                f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.mc][.tmao|.pers[.lpt]]")
         try:
             fields = int(parts[2][1:]), int(parts[3][2:]), int(parts[4][2:])
         except ValueError:
             raise ValueError(f"Hopper kernel config {name!r}: malformed field") from None
         persistent = "pers" in suffixes
         config = cls(parts[1], *fields, "nopp" not in suffixes, "tmao" in suffixes or persistent, persistent,
-                     "lpt" in suffixes, 3 if "st3" in suffixes else 2)
+                     "lpt" in suffixes, 3 if "st3" in suffixes else 2, "mc" in suffixes)
         if config.name != name:
             raise ValueError(f"Hopper kernel config {name!r}: not in canonical form ({config.name})")
         return config
@@ -621,7 +627,10 @@ HOPPER_FORWARD_CONFIGS = tuple(
     # d256 with B_c = 80 (FlashAttention-3's d256 tile; 230 472 bytes of shared memory), one tile per CTA.
     HopperConfig(dtype, 256, block_n=80, tma_store=True) for dtype in DTYPES) + tuple(
     # d64 with B_r = 192 (three consumer warpgroups; FlashAttention-3's d64 tile), one tile per CTA.
-    HopperConfig(dtype, 64, block_m=192, tma_store=True) for dtype in DTYPES)
+    HopperConfig(dtype, 64, block_m=192, tma_store=True) for dtype in DTYPES) + tuple(
+    # K/V multicast to clusters of two CTAs ("mc.tmao"), in the registry's order.
+    HopperConfig(dtype, d, block_m=bm, block_n=bc, tma_store=True, multicast=True)
+    for d, bm, bc in ((128, 128, 176), (128, 128, 128), (256, 128, 80), (64, 192, 128)) for dtype in DTYPES)
 
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)

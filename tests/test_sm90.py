@@ -83,6 +83,17 @@ CONFIGS = [
     # d64 with 192 query rows per tile (three consumer warpgroups)
     "sm90.bf16.d64.br192.bc128.tmao",
     "sm90.fp16.d64.br192.bc128.tmao",
+    # K/V multicast to clusters of two CTAs: non-causal shapes with an even number of query tiles run as
+    # clusters (here (2, 256, 256), (1, 200, 129), (1, 400, 150), (1, 1024, 1024) and the many-tile shapes
+    # with 1000 and 1500 queries), the rest as the plain "tmao" kernel
+    "sm90.bf16.d128.br128.bc176.mc.tmao",
+    "sm90.fp16.d128.br128.bc176.mc.tmao",
+    "sm90.bf16.d128.br128.bc128.mc.tmao",
+    "sm90.fp16.d128.br128.bc128.mc.tmao",
+    "sm90.bf16.d256.br128.bc80.mc.tmao",
+    "sm90.fp16.d256.br128.bc80.mc.tmao",
+    "sm90.bf16.d64.br192.bc128.mc.tmao",
+    "sm90.fp16.d64.br192.bc128.mc.tmao",
 ]
 TMA_STORE_CONFIGS = [n for n in CONFIGS if n.endswith((".tmao", ".pers", ".pers.lpt"))]
 
@@ -226,7 +237,11 @@ def tma_store_reference(name):
     of the same shape (B_c = 176 has no plain-store build; the persistent kernel's tile walk, Q/O-staging
     hand-over and K/V ring phases across tiles are then what differs); a ".pers.lpt" config: its ".pers"
     sibling (only the tile order differs); a ".st3" config: its 2-stage sibling (only the K/V ring depth
-    differs). None: nothing to compare with."""
+    differs); a ".mc" config: the same kernel without multicast (only where K/V come from differs). None:
+    nothing to compare with."""
+    if ".mc." in name:
+        sibling = name.replace(".mc.", ".")
+        return sibling if sibling in CONFIGS else None
     if ".st3." in name:
         sibling = name.replace(".st3.", ".")
         return sibling if sibling in CONFIGS else None
@@ -245,7 +260,8 @@ def tma_store_reference(name):
 def test_tma_store_matches_plain_store(name):
     """The TMA-store epilogue writes what the plain-store kernel writes (same main loop, so equal up to
     rounding of fused operations: a swizzle or row mistake would be far off); see tma_store_reference.
-    ".pers.lpt" against ".pers": the same code per tile in another tile order, so bit for bit equal."""
+    ".pers.lpt" against ".pers" and ".mc" against its sibling: the same code per tile (in another tile
+    order; with K/V loaded by two CTAs), so bit for bit equal."""
     if name not in built():
         pytest.skip(f"{name} not built")
     plain = tma_store_reference(name)
@@ -254,12 +270,14 @@ def test_tma_store_matches_plain_store(name):
     if plain not in built():
         pytest.skip(f"{plain} not built")
     dtype, D, _, _ = parse(name)
-    for causal in (False, True):
-        q, k, v = rand(2, 333, 6, D, dtype), rand(2, 290, 3, D, dtype), rand(2, 290, 3, D, dtype)
+    # ".mc": 700 queries are an even number of query tiles at B_r 128 and 192 (non-causal: clusters of two).
+    shapes = [(False, 333), (True, 333)] + ([(False, 700)] if ".mc." in name else [])
+    for causal, Sq in shapes:
+        q, k, v = rand(2, Sq, 6, D, dtype), rand(2, 290, 3, D, dtype), rand(2, 290, 3, D, dtype)
         out, lse = sm90.forward(q, k, v, D ** -0.5, causal, name)
         ref_out, ref_lse = sm90.forward(q, k, v, D ** -0.5, causal, plain)
         torch.cuda.synchronize()
-        if name.endswith(".lpt"):
+        if name.endswith(".lpt") or ".mc." in name:
             assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), f"{name} vs {plain} (causal={causal})"
             continue
         torch.testing.assert_close(out.float(), ref_out.float(), rtol=2 * torch.finfo(dtype).eps, atol=1e-5,

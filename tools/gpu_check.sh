@@ -12,6 +12,7 @@
 #   gives the benchmark's shape arguments, e.g. "--dtypes bf16 --headdims 64 --seqlens 1024 --causal True".
 # profile: Nsight Compute on one kernel launch of tools/profile_case.py (PROFILE_ARGS, PROFILE_KERNEL);
 #   the report, its details page, and a per-instruction stall listing (tools/ncu_sass_listing.py).
+# TEST_K narrows the test stage (pytest -k expression); AB_TUNER=0 skips the tuner half of ab.
 # SANITIZE_CONFIGS (config patterns) and SANITIZE_TOOLS narrow the sanitizer stage.
 # quick: a short benchmark (seqlens 1k/4k/16k, d64/d128, bf16). Extra arguments for the benchmark
 # go in BENCH_ARGS. Offline wheels under .whl/ (e.g. expecttest) are installed first.
@@ -42,7 +43,7 @@ fi
 
 if has test; then
   step test
-  python3 -m pytest -q -rfEs tests -k "cuda or sm90 or hopper or timed" 2>&1 | tee "$OUT/test_cuda.log" | tail -25
+  python3 -m pytest -q -rfEs tests -k "${TEST_K:-cuda or sm90 or hopper or timed}" 2>&1 | tee "$OUT/test_cuda.log" | tail -25
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
@@ -77,8 +78,10 @@ if has ab; then
     python3 -m flashop.bench --device cuda --modes fwd ${AB_ARGS:-} --config "$config" 2>&1 | grep "^| [bf]" \
       | sed "s/^/$config /" | tee -a "$OUT/ab.log"
   done
-  python3 -m flashop.tune --dry-run $(echo "${AB_ARGS:-}" | sed 's/--modes [a-z+]*//') 2>&1 | tr '\r' '\n' \
-    | grep "picked" | tee -a "$OUT/ab.log" | cut -c1-400
+  if [ "${AB_TUNER:-1}" != 0 ]; then
+    python3 -m flashop.tune --dry-run $(echo "${AB_ARGS:-}" | sed 's/--modes [a-z+]*//') 2>&1 | tr '\r' '\n' \
+      | grep "picked" | tee -a "$OUT/ab.log" | cut -c1-400
+  fi
 fi
 if has policy; then
   step "policy vs best (tunes into a scratch cache)"

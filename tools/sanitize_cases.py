@@ -17,6 +17,7 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, heads_q, heads_k)
     (1, 70, 33, 2, 1),
     (2, 33, 150, 4, 2),
     (3, 40, 2100, 4, 2),  # 17 key tiles of 128: the backward lpt block groups (csrc/cuda/bwd_config.h)
+    (1, 256, 300, 2, 1),  # two query tiles (B_r 128 or 192): the ".mc" kernels run as a cluster pair (non-causal)
 ]
 
 

@@ -20,18 +20,23 @@ namespace {
 template <class T>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   if (p.headdim != T::kHeadDim) return cudaErrorInvalidValue;
+  const int q_tiles = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  // Multicast configs run as clusters of two adjacent query tiles of one head when both walk the same
+  // key tiles (non-causal) and the tiles pair up (an even count); then each CTA's K/V box is half a
+  // tile (fwd_kernel.cuh). Otherwise they launch as the plain one-tile-per-CTA kernel.
+  const bool cluster_pairs = T::kMulticast && !p.causal && q_tiles % 2 == 0;
+  const int kv_box_rows = cluster_pairs ? T::kKVHalfRows : T::kBlockN;
   CUtensorMap tq, tk, tv;
   cudaError_t err = encode_bshd(&tq, T::kBf16, p.q, p.batch, p.seqlen_q, p.heads_q, p.headdim,
                                 p.q_batch_stride, p.q_row_stride, p.q_head_stride, T::kBlockM);
   if (err == cudaSuccess)
     err = encode_bshd(&tk, T::kBf16, p.k, p.batch, p.seqlen_k, p.heads_k, p.headdim,
-                      p.k_batch_stride, p.k_row_stride, p.k_head_stride, T::kBlockN);
+                      p.k_batch_stride, p.k_row_stride, p.k_head_stride, kv_box_rows);
   if (err == cudaSuccess)
     err = encode_bshd(&tv, T::kBf16, p.v, p.batch, p.seqlen_k, p.heads_k, p.headdim,
-                      p.v_batch_stride, p.v_row_stride, p.v_head_stride, T::kBlockN);
+                      p.v_batch_stride, p.v_row_stride, p.v_head_stride, kv_box_rows);
   if (err != cudaSuccess) return err;
 
-  const int q_tiles = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   if constexpr (!T::kTmaStore) {
     auto kernel = fwd_kernel_sm90<T>;
     // The attribute is per device; setting it on every launch is cheap and safe.
@@ -69,6 +74,22 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
       // so many tiles cannot fit in memory anyway.
       if (tiles + sms >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
       grid = dim3(static_cast<unsigned>(tiles < sms ? tiles : sms), 1, 1);
+    }
+    if (cluster_pairs) {
+      // blockIdx.x 2i and 2i+1 (query tiles n-1-2i and n-2-2i, fwd_kernel.cuh) form a cluster.
+      cudaLaunchAttribute cluster;
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = 2;
+      cluster.val.clusterDim.y = 1;
+      cluster.val.clusterDim.z = 1;
+      cudaLaunchConfig_t config = {};
+      config.gridDim = grid;
+      config.blockDim = dim3(T::kThreads);
+      config.dynamicSmemBytes = T::kSmemBytes;
+      config.stream = stream;
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      return cudaLaunchKernelEx(&config, kernel, tq, tk, tv, to, p);
     }
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, to, p);
   }
@@ -126,6 +147,16 @@ using Fp16D256Bc80Tmao = Sm90FwdTraits<false, 256, 128, 80, true, true>;
 // D = 64 with 192 query rows per tile (three consumer warpgroups), one tile per CTA, TMA store.
 using Bf16D64Br192Tmao = Sm90FwdTraits<true, 64, 192, 128, true, true>;
 using Fp16D64Br192Tmao = Sm90FwdTraits<false, 64, 192, 128, true, true>;
+// K/V multicast to a cluster of two CTAs ("mc"): the one-tile-per-CTA TMA-store kernels of d128 (B_c 176
+// and 128), d256 (B_c 80) and d64 (B_r 192).
+using Bf16D128Bc176McTmao = Sm90FwdTraits<true, 128, 128, 176, true, true, false, false, 2, true>;
+using Fp16D128Bc176McTmao = Sm90FwdTraits<false, 128, 128, 176, true, true, false, false, 2, true>;
+using Bf16D128McTmao = Sm90FwdTraits<true, 128, 128, 128, true, true, false, false, 2, true>;
+using Fp16D128McTmao = Sm90FwdTraits<false, 128, 128, 128, true, true, false, false, 2, true>;
+using Bf16D256Bc80McTmao = Sm90FwdTraits<true, 256, 128, 80, true, true, false, false, 2, true>;
+using Fp16D256Bc80McTmao = Sm90FwdTraits<false, 256, 128, 80, true, true, false, false, 2, true>;
+using Bf16D64Br192McTmao = Sm90FwdTraits<true, 64, 192, 128, true, true, false, false, 2, true>;
+using Fp16D64Br192McTmao = Sm90FwdTraits<false, 64, 192, 128, true, true, false, false, 2, true>;
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
@@ -184,6 +215,15 @@ const Sm90FwdKernel kKernels[] = {
     // D = 64, 192 query rows per tile.
     entry<Bf16D64Br192Tmao>("sm90.bf16.d64.br192.bc128.tmao"),
     entry<Fp16D64Br192Tmao>("sm90.fp16.d64.br192.bc128.tmao"),
+    // K/V multicast to a cluster of two CTAs.
+    entry<Bf16D128Bc176McTmao>("sm90.bf16.d128.br128.bc176.mc.tmao"),
+    entry<Fp16D128Bc176McTmao>("sm90.fp16.d128.br128.bc176.mc.tmao"),
+    entry<Bf16D128McTmao>("sm90.bf16.d128.br128.bc128.mc.tmao"),
+    entry<Fp16D128McTmao>("sm90.fp16.d128.br128.bc128.mc.tmao"),
+    entry<Bf16D256Bc80McTmao>("sm90.bf16.d256.br128.bc80.mc.tmao"),
+    entry<Fp16D256Bc80McTmao>("sm90.fp16.d256.br128.bc80.mc.tmao"),
+    entry<Bf16D64Br192McTmao>("sm90.bf16.d64.br192.bc128.mc.tmao"),
+    entry<Fp16D64Br192McTmao>("sm90.fp16.d64.br192.bc128.mc.tmao"),
 };
 
 }  // namespace

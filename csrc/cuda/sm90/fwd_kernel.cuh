@@ -34,6 +34,14 @@
 //     numbered with the query tile varying slowest (longest causal tiles of all
 //     heads first), so every step of the static stride hands the CTAs tiles of
 //     (nearly) equal length.
+//   kMulticast ("mc", one tile per CTA, TMA store): launched as clusters of two
+//     CTAs (two adjacent query tiles of one head, non-causal, so both walk the
+//     same key tiles), each producer loads half the rows of every K/V tile and
+//     multicasts it to both CTAs: half the L2 -> SM traffic per FLOP. A slot is
+//     free when the consumers of both CTAs have released it (empty barriers
+//     count both CTAs' warps; each warp also arrives on the peer's barrier).
+//     Launched without a cluster (causal, odd number of query tiles) it is the
+//     plain "tmao" kernel.
 //
 // Shared-memory tiles are rows of 64 elements (128 bytes) in the TMA/wgmma
 // 128-byte swizzle; a head dimension of D is kept as D/64 such column blocks.
@@ -55,7 +63,8 @@ namespace flashop {
 namespace sm90 {
 
 template <bool kBf16_, int kHeadDim_, int kBlockM_, int kBlockN_, bool kPingPong_ = true,
-          bool kTmaStore_ = false, bool kPersistent_ = false, bool kLongestFirst_ = false, int kStages_ = 2>
+          bool kTmaStore_ = false, bool kPersistent_ = false, bool kLongestFirst_ = false, int kStages_ = 2,
+          bool kMulticast_ = false>
 struct Sm90FwdTraits {
   static constexpr bool kBf16 = kBf16_;
   // Named-barrier ping-pong between the consumer warpgroups (off: "nopp"
@@ -68,6 +77,9 @@ struct Sm90FwdTraits {
   // Persistent tile order with the query tile varying slowest ("pers.lpt", longest processing time
   // first over all heads and batches); default: query tile fastest (see fwd_sm90_body).
   static constexpr bool kLongestFirst = kLongestFirst_;
+  // K/V tiles shared by a cluster of two CTAs through TMA multicast ("mc"; see the top of the file).
+  // Launched with a cluster shape of 2 or none; the kernel reads which from %cluster_nctarank.
+  static constexpr bool kMulticast = kMulticast_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -97,6 +109,7 @@ struct Sm90FwdTraits {
   static_assert(kBlockN % 16 == 0, "P V takes B_c/16 k16 steps");
   static_assert(!kPersistent || kTmaStore, "the persistent kernel stages O in the Q tile");
   static_assert(!kLongestFirst || kPersistent, "the longest-first order is a persistent tile order");
+  static_assert(!kMulticast || (kTmaStore && !kPersistent), "multicast: one tile per CTA, TMA store");
 
   static constexpr int kQBlockBytes = kBlockM * 128;  // one column block of Q
   // One column block of a K or V stage: B_c rows of 128 bytes, no padding. The 128B swizzle needs
@@ -107,6 +120,11 @@ struct Sm90FwdTraits {
   static constexpr int kKVBlockBytes = kBlockN * 128;
   static constexpr int kQBytes = kQBlockBytes * kDBlocks;
   static constexpr int kKVBytes = kKVBlockBytes * kDBlocks;  // one K (or V) tile
+  // Multicast: CTA r of the pair loads rows r * B_c/2 .. of every column block (a box of B_c/2 rows).
+  // B_c/2 is a multiple of 8, so the second half starts on a 1024-byte swizzle atom as well.
+  static constexpr int kKVHalfRows = kBlockN / 2;
+  static constexpr int kKVHalfBytes = kKVHalfRows * 128;
+  static_assert(kKVHalfBytes % 1024 == 0, "multicast half tiles start on a swizzle atom");
   static constexpr int kQOff = 0;
   static constexpr int kKOff = kQOff + kQBytes;
   static constexpr int kVOff = kKOff + kStages * kKVBytes;
@@ -272,6 +290,12 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
+  // Multicast pair (T::kMulticast launched with a cluster of two): this CTA's rank and its peer's.
+  // A multicast kernel launched without a cluster (or any other kernel) has cluster_ctas == 1.
+  const uint32_t cluster_ctas = T::kMulticast ? cluster_num_ctas() : 1u;
+  const bool multicast = cluster_ctas > 1;
+  const uint32_t cta_rank = multicast ? cluster_cta_rank() : 0u;
+  const uint32_t peer_rank = cta_rank ^ 1u;
 
   if (tid == 0) {
     tma_prefetch_desc(tm_q);
@@ -282,15 +306,19 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(bar_full_k(s), 1);
       mbar_init(bar_full_v(s), 1);
-      mbar_init(bar_empty_k(s), 4 * T::kConsumerWGs);  // one arrival per consumer warp
-      mbar_init(bar_empty_v(s), 4 * T::kConsumerWGs);
+      // One arrival per consumer warp (of both CTAs when multicast: this CTA's producer writes both).
+      mbar_init(bar_empty_k(s), 4 * T::kConsumerWGs * cluster_ctas);
+      mbar_init(bar_empty_v(s), 4 * T::kConsumerWGs * cluster_ctas);
     }
     // q_empty: one arrival per consumer warpgroup after its O store has read the staging in Q, or
     // (kSeparateO) one per consumer warp after its last S of the tile.
     if constexpr (T::kPersistent) mbar_init(bar_q_empty, T::kSeparateO ? 4 * T::kConsumerWGs : T::kConsumerWGs);
     mbar_init_fence();
   }
-  __syncthreads();
+  // Multicast: the peer's TMA and its consumers' arrivals reach this CTA's barriers, so both CTAs'
+  // inits must be done before either producer starts.
+  if constexpr (T::kMulticast) cluster_sync();
+  else __syncthreads();
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
@@ -303,10 +331,20 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         if (use > 0) mbar_wait(is_v ? bar_empty_v(s) : bar_empty_k(s), (use - 1) & 1);
         const uint32_t full = is_v ? bar_full_v(s) : bar_full_k(s);
         const uint32_t dst = (is_v ? sV : sK) + s * T::kKVBytes;
+        // Multicast: the whole tile's bytes land here, half from this CTA's load, half from the peer's.
         mbar_arrive_expect_tx(full, T::kKVBytes);
+        const CUtensorMap* map = is_v ? tm_v : tm_k;
+        if (multicast) {
+          const uint32_t half = cta_rank * T::kKVHalfBytes;
+          const int row = j * kBN + static_cast<int>(cta_rank) * T::kKVHalfRows;
 #pragma unroll
-        for (int b = 0; b < T::kDBlocks; ++b)
-          tma_load_4d(is_v ? tm_v : tm_k, dst + b * T::kKVBlockBytes, full, b * 64, j * kBN, kv_head, batch);
+          for (int b = 0; b < T::kDBlocks; ++b)
+            tma_load_4d_multicast(map, dst + b * T::kKVBlockBytes + half, full, b * 64, row, kv_head, batch, 0x3);
+        } else {
+#pragma unroll
+          for (int b = 0; b < T::kDBlocks; ++b)
+            tma_load_4d(map, dst + b * T::kKVBlockBytes, full, b * 64, j * kBN, kv_head, batch);
+        }
       };
       // Item i of a tile's K/V sequence K_0, K_1, V_0, K_2, V_1, ..., K_{n-1}, V_{n-2}, V_{n-1}:
       // item 0 = K_0, item 2n-1 = V_{n-1}, odd i = K_{(i+1)/2}, even i = V_{i/2-1}.
@@ -346,6 +384,14 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         const int kv_head = head / p.head_ratio;
         load_q();
         for (int i = 0; i < 2 * n_tiles; ++i) load_item(0, i, n_tiles, kv_head);
+        if (multicast) {
+          // The peer's consumers arrive on this CTA's empty barriers until their last P V: stay alive
+          // until every slot's last use has been released by both CTAs.
+          for (int g = max(0, n_tiles - T::kStages); g < n_tiles; ++g) {
+            mbar_wait(bar_empty_k(g % T::kStages), (g / T::kStages) & 1);
+            mbar_wait(bar_empty_v(g % T::kStages), (g / T::kStages) & 1);
+          }
+        }
       }
     }
     return;
@@ -462,10 +508,18 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       pa[t][3] = pack2<T::kBf16>(sacc[8 * t + 6], sacc[8 * t + 7]);  // row r+8, k 8..15
     }
   };
-  // Release a K or V slot: one arrival per warp once its wgmmas reading it are complete.
+  // One arrival per warp once its wgmmas reading the slot (or Q) are complete.
   auto release = [&](uint32_t empty_bar) {
     __syncwarp();
     if (lane == 0) mbar_arrive(empty_bar);
+  };
+  // A K or V slot: multicast, the peer's producer writes it too, so its barrier gets the arrival as well.
+  auto release_kv = [&](uint32_t empty_bar) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar);
+    if constexpr (T::kMulticast) {
+      if (multicast && lane == 1) mbar_arrive_cluster(empty_bar, peer_rank);
+    }
   };
 
   // Ping-pong between the two consumer warpgroups (named barriers 1 and 2, 256
@@ -543,7 +597,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       pass_turn(n_tiles == 1);
       wgmma_wait<0>();
       fence_regs(sacc);
-      release(bar_empty_k(g0 % T::kStages));
+      release_kv(bar_empty_k(g0 % T::kStages));
       if constexpr (T::kSeparateO) {
         if (n_tiles == 1) release(bar_q_empty);  // the tile's last read of Q
       }
@@ -563,7 +617,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         pass_turn(j == n_tiles - 1);
         wgmma_wait<1>();    // S_j done (PV may still run): K_j's slot is free
         fence_regs(sacc);
-        release(bar_empty_k(s));
+        release_kv(bar_empty_k(s));
         if constexpr (T::kSeparateO) {
           if (j == n_tiles - 1) release(bar_q_empty);  // the tile's last read of Q
         }
@@ -571,7 +625,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         softmax(sacc, corr);
         wgmma_wait<0>();    // PV done: O and P_{j-1} free again, and V_{j-1}'s slot
         fence_regs(o);
-        release(bar_empty_v(sp));
+        release_kv(bar_empty_v(sp));
         rescale_o(corr);
         convert_p(sacc, pa);
       }
@@ -583,7 +637,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       issue_pv(pa, sl);
       wgmma_wait<0>();  // also: every wgmma of this warpgroup (reads of Q) is complete
       fence_regs(o);
-      release(bar_empty_v(sl));
+      release_kv(bar_empty_v(sl));
     }
     if constexpr (T::kSeparateO) {
       if (n_tiles == 0) release(bar_q_empty);  // no key tile: Q was not even loaded

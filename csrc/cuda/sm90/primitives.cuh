@@ -47,6 +47,19 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 #endif
 }
 
+// One arrival on the mbarrier at the same shared-memory offset in CTA `cta_rank` of this cluster
+// (release at cluster scope: this CTA's completed reads of the slot are ordered before the arrival).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta_rank) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(cta_rank)
+      : "memory");
+#endif
+}
+
 // Blocks until the phase with parity `phase` has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {
 #ifdef FLASHOP_SM90_ENABLED
@@ -79,6 +92,20 @@ __device__ __forceinline__ void tma_load_4d(const void* tmap, uint32_t smem_dst,
       "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_dst),
       "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+#endif
+}
+
+// The same load multicast to the CTAs of this cluster named in `cta_mask` (bit i: cluster rank i): the
+// box lands at offset `smem_dst` of each of them and completes its bytes on the mbarrier at offset `bar`
+// of each of them.
+__device__ __forceinline__ void tma_load_4d_multicast(const void* tmap, uint32_t smem_dst, uint32_t bar,
+                                                      int c0, int c1, int c2, int c3, uint16_t cta_mask) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;" ::"r"(smem_dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "h"(cta_mask)
       : "memory");
 #endif
 }
@@ -194,6 +221,31 @@ template <int R>
 __device__ __forceinline__ void setmaxnreg_inc() {
 #ifdef FLASHOP_SM90_ENABLED
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+#endif
+}
+
+// ---------------------------------------------------------------- clusters
+// Number of CTAs in this CTA's cluster (1 when the kernel was not launched with a cluster shape) and
+// this CTA's rank in it.
+__device__ __forceinline__ uint32_t cluster_num_ctas() {
+  uint32_t n = 1;
+#ifdef FLASHOP_SM90_ENABLED
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+#endif
+  return n;
+}
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+  uint32_t r = 0;
+#ifdef FLASHOP_SM90_ENABLED
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return r;
+}
+// Every thread of every CTA of the cluster: what each wrote before (mbarrier inits included) is
+// visible to all of them after.
+__device__ __forceinline__ void cluster_sync() {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
 }
 
