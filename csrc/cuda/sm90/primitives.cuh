@@ -47,14 +47,15 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 #endif
 }
 
-// One arrival on the mbarrier at the same shared-memory offset in CTA `cta_rank` of this cluster
-// (release at cluster scope: this CTA's completed reads of the slot are ordered before the arrival).
+// One arrival on the mbarrier at the same shared-memory offset in CTA `cta_rank` of this cluster. It
+// only tells the peer's producer that this CTA's wgmmas have finished reading a slot (they are complete,
+// wgmma.wait_group), so the default semantics suffice; no cluster-scope release fence.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta_rank) {
 #ifdef FLASHOP_SM90_ENABLED
   asm volatile(
       "{\n.reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
       "r"(cta_rank)
       : "memory");
 #endif

@@ -1,0 +1,35 @@
+"""Opcode counts per kernel of a `cuobjdump -sass` listing, for the kernels whose (mangled) name contains
+every given substring: what a change did to the instructions (fences, barriers, HGMMA, TMA).
+
+    cuobjdump -sass flashop/_C_sm90*.so | python3 tools/sass_ops.py Li176ELb1ELb1ELb0ELb0ELi2ELb1E [--ops MEMBAR SYNCS]
+"""
+import argparse
+import collections
+import re
+import sys
+
+
+def kernels(listing: str):
+    """(mangled name, [opcodes with modifiers]) per function of the listing."""
+    for chunk in re.split(r"\n\s*Function : ", listing)[1:]:
+        name, body = chunk.split("\n", 1)
+        yield name.strip(), re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", body)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("patterns", nargs="+", help="substrings of the mangled kernel name")
+    parser.add_argument("--ops", nargs="*", default=None, help="opcode prefixes to show (default: all)")
+    args = parser.parse_args()
+    for name, ops in kernels(sys.stdin.read()):
+        if not all(p in name for p in args.patterns):
+            continue
+        counts = collections.Counter(ops)
+        shown = {op: n for op, n in sorted(counts.items())
+                 if args.ops is None or any(op.startswith(prefix) for prefix in args.ops)}
+        print(f"{name[:160]}: {len(ops)} instructions")
+        print("  " + ", ".join(f"{op} {n}" for op, n in shown.items()))
+
+
+if __name__ == "__main__":
+    main()
