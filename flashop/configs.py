@@ -545,13 +545,19 @@ class HopperConfig:
             raise ValueError(f"HopperConfig: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         # The static_asserts of Sm90FwdTraits (csrc/cuda/sm90/fwd_kernel.cuh): B_c = 176 (wgmma m64n176k16 for S,
         # 11 k-steps of P V) at D = 128 only, B_c = 80 at D = 256 only; B_r = 192 (three consumer warpgroups) at
-        # D = 64 without the persistent scheduler.
+        # D = 64 without the persistent scheduler; B_r = 64 (one consumer warpgroup, two CTAs per SM) one tile
+        # per CTA without multicast.
         if (self.headdim not in _HOPPER_HEADDIMS
-                or not (self.block_m == 128 or (self.block_m == 192 and self.headdim == 64 and not self.persistent))
+                or not (self.block_m == 128 or (self.block_m == 192 and self.headdim == 64 and not self.persistent)
+                        or (self.block_m == 64 and not self.persistent and not self.multicast))
                 or not (self.block_n in (64, 128) or (self.block_n == 176 and self.headdim == 128)
                         or (self.block_n == 80 and self.headdim == 256))):
             raise ValueError(f"HopperConfig {self.name!r}: the kernel takes D in {_HOPPER_HEADDIMS}, B_r = 128 (or "
-                             "192 at D = 64, not persistent), B_c 64 or 128 (or 176 at D = 128, 80 at D = 256)")
+                             "192 at D = 64, not persistent, or 64, one tile per CTA), B_c 64 or 128 (or 176 at "
+                             "D = 128, 80 at D = 256)")
+        if self.block_m == 64 and 2 * (self.smem_bytes() + 1024) > 228 * 1024:
+            raise ValueError(f"HopperConfig {self.name!r}: B_r = 64 runs two CTAs per SM, but "
+                             f"{self.smem_bytes()} bytes of shared memory each do not fit twice")
         if self.smem_bytes() > MAX_SMEM_BYTES:
             raise ValueError(f"HopperConfig {self.name!r}: needs {self.smem_bytes()} bytes of shared memory, "
                              f"more than {MAX_SMEM_BYTES}")
@@ -630,7 +636,10 @@ HOPPER_FORWARD_CONFIGS = tuple(
     HopperConfig(dtype, 64, block_m=192, tma_store=True) for dtype in DTYPES) + tuple(
     # K/V multicast to clusters of two CTAs ("mc.tmao"), in the registry's order.
     HopperConfig(dtype, d, block_m=bm, block_n=bc, tma_store=True, multicast=True)
-    for d, bm, bc in ((128, 128, 176), (128, 128, 128), (256, 128, 80), (64, 192, 128)) for dtype in DTYPES)
+    for d, bm, bc in ((128, 128, 176), (128, 128, 128), (256, 128, 80), (64, 192, 128)) for dtype in DTYPES) + tuple(
+    # 64 query rows per CTA, two CTAs per SM ("br64"): d64 at B_c = 128, d128 at B_c = 64.
+    HopperConfig(dtype, d, block_m=64, block_n=bc, tma_store=True) for d, bc in ((64, 128), (128, 64))
+    for dtype in DTYPES)
 
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)

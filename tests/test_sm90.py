@@ -94,6 +94,11 @@ CONFIGS = [
     "sm90.fp16.d256.br128.bc80.mc.tmao",
     "sm90.bf16.d64.br192.bc128.mc.tmao",
     "sm90.fp16.d64.br192.bc128.mc.tmao",
+    # 64 query rows per CTA (one consumer warpgroup), two CTAs per SM
+    "sm90.bf16.d64.br64.bc128.tmao",
+    "sm90.fp16.d64.br64.bc128.tmao",
+    "sm90.bf16.d128.br64.bc64.tmao",
+    "sm90.fp16.d128.br64.bc64.tmao",
 ]
 TMA_STORE_CONFIGS = [n for n in CONFIGS if n.endswith((".tmao", ".pers", ".pers.lpt"))]
 

@@ -57,6 +57,10 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     auto kernel = fwd_kernel_sm90_tmao<T>;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+    // B_r = 64 is sized for two CTAs per SM: ask for the largest shared-memory carveout so both fit.
+    if (err == cudaSuccess && T::kCtasPerSm > 1)
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
     if (err != cudaSuccess) return err;
     dim3 grid(q_tiles, p.heads_q, p.batch);
     if constexpr (T::kPersistent) {
@@ -157,6 +161,12 @@ using Bf16D256Bc80McTmao = Sm90FwdTraits<true, 256, 128, 80, true, true, false, 
 using Fp16D256Bc80McTmao = Sm90FwdTraits<false, 256, 128, 80, true, true, false, false, 2, true>;
 using Bf16D64Br192McTmao = Sm90FwdTraits<true, 64, 192, 128, true, true, false, false, 2, true>;
 using Fp16D64Br192McTmao = Sm90FwdTraits<false, 64, 192, 128, true, true, false, false, 2, true>;
+// 64 query rows per CTA (one consumer warpgroup), two CTAs per SM: d64 at B_c = 128, d128 at B_c = 64
+// (where two CTAs' shared memory fits).
+using Bf16D64Br64Tmao = Sm90FwdTraits<true, 64, 64, 128, true, true>;
+using Fp16D64Br64Tmao = Sm90FwdTraits<false, 64, 64, 128, true, true>;
+using Bf16D128Br64Tmao = Sm90FwdTraits<true, 128, 64, 64, true, true>;
+using Fp16D128Br64Tmao = Sm90FwdTraits<false, 128, 64, 64, true, true>;
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
@@ -224,6 +234,11 @@ const Sm90FwdKernel kKernels[] = {
     entry<Fp16D256Bc80McTmao>("sm90.fp16.d256.br128.bc80.mc.tmao"),
     entry<Bf16D64Br192McTmao>("sm90.bf16.d64.br192.bc128.mc.tmao"),
     entry<Fp16D64Br192McTmao>("sm90.fp16.d64.br192.bc128.mc.tmao"),
+    // 64 query rows per CTA, two CTAs per SM.
+    entry<Bf16D64Br64Tmao>("sm90.bf16.d64.br64.bc128.tmao"),
+    entry<Fp16D64Br64Tmao>("sm90.fp16.d64.br64.bc128.tmao"),
+    entry<Bf16D128Br64Tmao>("sm90.bf16.d128.br64.bc64.tmao"),
+    entry<Fp16D128Br64Tmao>("sm90.fp16.d128.br64.bc64.tmao"),
 };
 
 }  // namespace

@@ -42,6 +42,11 @@
 //     count both CTAs' warps; each warp also arrives on the peer's barrier).
 //     Launched without a cluster (causal, odd number of query tiles) it is the
 //     plain "tmao" kernel.
+//   B_r = 64 ("br64", one tile per CTA): one consumer warpgroup (256 threads), so
+//     two CTAs share an SM: one CTA's prologue (Q and first K/V loads, the first
+//     S without a P V beside it) and epilogue run under the other's GEMMs, which
+//     is what short (and causal) problems lack at one CTA per SM. No ping-pong
+//     (the other CTA plays that part); consumers get 232 registers.
 //
 // Shared-memory tiles are rows of 64 elements (128 bytes) in the TMA/wgmma
 // 128-byte swizzle; a head dimension of D is kept as D/64 such column blocks.
@@ -88,12 +93,15 @@ struct Sm90FwdTraits {
   static_assert(kStages >= 2, "the producer issues K_0, K_1, V_0 before it may wait on this tile");
   static constexpr int kConsumerWGs = kBlockM / 64;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
+  // Resident CTAs per SM the registers (and the shared memory, asserted below) are budgeted for.
+  static constexpr int kCtasPerSm = kConsumerWGs == 1 ? 2 : 1;
   static constexpr int kDBlocks = kHeadDim / 64;  // 64-element (128-byte) column blocks
 
   // Two consumer warpgroups of 64 rows; three (B_r = 192, FlashAttention-3's d64 tile: more rows
   // per K/V tile and per producer) at D = 64, one tile per CTA only.
-  static_assert(kBlockM == 128 || (kBlockM == 192 && kHeadDim_ == 64 && !kPersistent_),
-                "B_r 128, or 192 at D = 64 without the persistent scheduler");
+  static_assert(kBlockM == 128 || (kBlockM == 192 && kHeadDim_ == 64 && !kPersistent_) ||
+                    (kBlockM == 64 && !kPersistent_ && !kMulticast_),
+                "B_r 128, 192 at D = 64 without the persistent scheduler, or 64 (one tile per CTA)");
   // D is the N of the P V wgmma (m64nDk16, D/2 accumulator registers per consumer thread: 128 at
   // D = 256, within the 240-register consumer budget next to S (B_c/2) and P (B_c/4)) and
   // D/64 column blocks everywhere else (TMA boxes, descriptors, O staging).
@@ -156,6 +164,8 @@ struct Sm90FwdTraits {
   // D = 128, B_c = 176: Q 32 KiB + 2 x (K + V) 44 KiB each = 208 KiB (212 992 B) + 72 / 80 B of
   // barriers + 1 KiB slack = 214 088 B (tmao) / 214 096 B (pers).
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  // Two CTAs per SM (B_r = 64): 228 KiB per SM, 1 KiB of it reserved per CTA by the hardware.
+  static_assert(kCtasPerSm == 1 || kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs per SM");
   // Descriptor fields are 14 bits of (bytes >> 4): start addresses (below 256 KiB, masked to 18
   // bits) and V's LBO = kKVBlockBytes (8 KiB at B_c = 64, 22 528 B = 1408 units at B_c = 176) fit;
   // mbarrier tx-count < 2^20 (K or V tile: 45 056 B at B_c = 176).
@@ -163,9 +173,11 @@ struct Sm90FwdTraits {
                 "descriptor / tx range");
 
   static constexpr int kProducerRegs = 24;
-  // 512 threads at B_r = 192: 24 x 128 + 160 x 384 = 64 512 of the 65 536 registers.
-  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= 65536, "regs");
+  // 512 threads at B_r = 192: 24 x 128 + 160 x 384 = 64 512 of the 65 536 registers. B_r = 64: two
+  // CTAs of 256 threads launch with 128 each (65 536 / 512); the producer's 104 released per thread go
+  // to the consumer: 232.
+  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : kConsumerWGs == 3 ? 160 : 232;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= 65536 / kCtasPerSm, "regs");
 };
 
 
@@ -535,15 +547,17 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // bar.sync 1 of tile k: at most one bar.arrive is ever pending per barrier.)
   constexpr int kTurnThreads = 256;
   constexpr int kWGs = T::kConsumerWGs;
+  // One consumer warpgroup (B_r = 64): no turns to take.
+  constexpr bool kTurns = T::kPingPong && kWGs > 1;
   auto wait_turn = [&]() {
-    if constexpr (T::kPingPong) {
+    if constexpr (kTurns) {
       if (c == 0) named_bar_sync<1, kTurnThreads>();
       else if (kWGs == 2 || c == 1) named_bar_sync<2, kTurnThreads>();
       else named_bar_sync<3, kTurnThreads>();
     }
   };
   auto pass_turn = [&](bool last) {
-    if constexpr (T::kPingPong) {
+    if constexpr (kTurns) {
       if (c == 0) named_bar_arrive<2, kTurnThreads>();
       else if (kWGs == 3 && c == 1) named_bar_arrive<3, kTurnThreads>();
       else if (!last) named_bar_arrive<1, kTurnThreads>();
@@ -578,7 +592,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     if constexpr (T::kPersistent) mbar_wait(bar_q, q_parity);
 
     if (n_tiles > 0) {
-      if constexpr (T::kPingPong) {
+      if constexpr (kTurns) {
         if (c == kWGs - 1) named_bar_arrive<1, kTurnThreads>();
       }
       if constexpr (!T::kPersistent) mbar_wait(bar_q, q_parity);
@@ -737,7 +751,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
 
 // Entry point of the plain-store configs (the kernel parameters are unchanged).
 template <class T>
-__global__ void __launch_bounds__(T::kThreads, 1)
+__global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     fwd_kernel_sm90(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ FwdParams p) {
   static_assert(!T::kTmaStore, "TMA-store configs launch fwd_kernel_sm90_tmao");
@@ -746,7 +760,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
 // Entry point of the TMA-store configs ("tmao", "pers", "pers.lpt"): also the map of O.
 template <class T>
-__global__ void __launch_bounds__(T::kThreads, 1)
+__global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     fwd_kernel_sm90_tmao(const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v,
