@@ -180,6 +180,15 @@ LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 1024)}
 # where it was ahead by less (d64 causal 1k, d128 2k), the benchmark's own timing disagreed, so those
 # keep one tile per CTA. d128 causal and d256 (no room for the O tile) always do.
 PERSISTENT_HOPPER_BELOW = {64: (1024, 1024), 128: (2048, 0)}
+# Seqlen_k (non-causal, causal) below which two CTAs per SM of 64 query rows each (one consumer warpgroup,
+# "br64") are picked, ahead of the persistent kernel: one CTA's prologue and epilogue run under the other's
+# GEMMs. H200: d64 causal 1k 0.83x -> 0.90x cuDNN in the benchmark; in the tuner the fastest build at d64
+# non-causal 512-1k and causal up to 2k, d128 causal 512 (docs/hopper.md).
+TWO_CTAS_HOPPER_BELOW = {64: (2048, 4096), 128: (0, 1024)}
+# Seqlen_k from which non-causal problems run the K/V multicast build ("mc": clusters of two CTAs sharing
+# each K/V tile) of the one-tile-per-CTA pick. H200: d256 8k +5%, d128 (B_c = 176) 8k-16k +1-3%; at 2k
+# it was 0.5-3% behind.
+MULTICAST_HOPPER_FROM = {128: 8192, 256: 8192}
 # Head dimensions whose backward default on compute capability 9.0 is the wgmma kernel (sm90.bwd.*) rather
 # than the first listed mma.sync config: 1.12-1.27x the fastest mma.sync backward at d128 on an H200
 # (bf16, 1k-16k, causal or not; docs/hopper.md).
@@ -196,14 +205,22 @@ def mma_sync_backward_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> 
 
 
 def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
-    """Among the built Hopper ping-pong configs: below the length in PERSISTENT_HOPPER_BELOW the
+    """Among the built Hopper ping-pong configs: below the length in TWO_CTAS_HOPPER_BELOW the 64-row
+    tiles run two CTAs per SM; else below the length in PERSISTENT_HOPPER_BELOW the
     persistent kernel with a separate O staging tile (longest-first tile order when causal); otherwise
     one tile per CTA with the TMA-store epilogue, which in the H200 policy runs was the fastest of all
     built configs on nearly every longer shape (docs/policy.md): the hardware block scheduler
     balances unequal causal tiles better than a static stride. Of its tile sizes, the largest from the
     length in LARGE_HOPPER_TILE_FROM (fewer softmax, rescale and barrier rounds per FLOP), else the
-    smallest (more CTAs, a narrower causal diagonal)."""
+    smallest (more CTAs, a narrower causal diagonal); non-causal from the length in MULTICAST_HOPPER_FROM,
+    its K/V multicast build where there is one."""
     area = lambda c: c.block_m * c.block_n  # noqa: E731
+    two_ctas_non_causal, two_ctas_causal = TWO_CTAS_HOPPER_BELOW.get(problem.headdim, (0, 0))
+    two_ctas = [c for c in hopper if c.block_m == 64 and c.stages == 2]
+    if two_ctas and problem.seqlen_k < (two_ctas_causal if problem.causal else two_ctas_non_causal):
+        pick = max(two_ctas, key=area)
+        return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, two CTAs per SM, " \
+                          f"{pick.block_m} x {pick.block_n} tiles"
     below_non_causal, below_causal = PERSISTENT_HOPPER_BELOW.get(problem.headdim, (0, 0))
     persistent = [c for c in hopper if c.persistent and c.separate_o and c.stages == 2
                   and c.longest_first == problem.causal]
@@ -219,6 +236,10 @@ def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
     large = problem.seqlen_k >= (from_causal if problem.causal else from_non_causal)
     pick = max(per_tile, key=area) if large else min(per_tile, key=area)
     walk = "persistent" if pick.persistent else "one tile per CTA"
+    if not problem.causal and problem.seqlen_k >= MULTICAST_HOPPER_FROM.get(problem.headdim, 1 << 62):
+        multicast = [c for c in hopper if c.multicast and c.name == pick.name.replace(".tmao", ".mc.tmao")]
+        if multicast:
+            pick, walk = multicast[0], "clusters of two CTAs sharing K/V (multicast)"
     return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, {walk}, " \
                       f"{pick.block_m} x {pick.block_n} tiles"
 
