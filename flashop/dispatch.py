@@ -182,13 +182,14 @@ LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 1024)}
 PERSISTENT_HOPPER_BELOW = {64: (1024, 1024), 128: (2048, 0)}
 # Seqlen_k (non-causal, causal) below which two CTAs per SM of 64 query rows each (one consumer warpgroup,
 # "br64") are picked, ahead of the persistent kernel: one CTA's prologue and epilogue run under the other's
-# GEMMs. H200: d64 causal 1k 0.83x -> 0.90x cuDNN in the benchmark; in the tuner the fastest build at d64
-# non-causal 512-1k and causal up to 2k, d128 causal 512 (docs/hopper.md).
-TWO_CTAS_HOPPER_BELOW = {64: (2048, 4096), 128: (0, 1024)}
+# GEMMs. H200: d64 causal 1k 0.83x -> 0.90x cuDNN in the benchmark; in the tuner (docs/policy.md, run 12)
+# the fastest build or within 2% of it at d64 512-1k (causal or not) and d128 causal 512; at 2k 0.5-3% behind
+# the 192-row tile.
+TWO_CTAS_HOPPER_BELOW = {64: (2048, 2048), 128: (0, 1024)}
 # Seqlen_k from which non-causal problems run the K/V multicast build ("mc": clusters of two CTAs sharing
-# each K/V tile) of the one-tile-per-CTA pick. H200: d256 8k +5%, d128 (B_c = 176) 8k-16k +1-3%; at 2k
-# it was 0.5-3% behind.
-MULTICAST_HOPPER_FROM = {128: 8192, 256: 8192}
+# each K/V tile) of the one-tile-per-CTA pick. H200 tuner (run 12): the fastest build at d256 from 4k (the
+# one-tile kernel 0.96-0.98), d128 from 8k, d64 at 16k (1-2%); at 2k it was up to 3% behind or even.
+MULTICAST_HOPPER_FROM = {64: 16384, 128: 8192, 256: 4096}
 # Head dimensions whose backward default on compute capability 9.0 is the wgmma kernel (sm90.bwd.*) rather
 # than the first listed mma.sync config: 1.12-1.27x the fastest mma.sync backward at d128 on an H200
 # (bf16, 1k-16k, causal or not; docs/hopper.md).

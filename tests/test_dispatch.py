@@ -58,17 +58,31 @@ def test_policy_uses_small_query_tiles_when_the_gpu_would_idle():
 def test_hopper_variant_by_length():
     h100 = DEVICES["H100"]
     pick = lambda s, causal, d=128: dispatch.choose_config(h100, Problem("fp16", d, s, s, 64, causal), ALL_BUILT)[0]  # noqa: E731
-    # Short: the persistent kernel with its own O staging tile (longest first when causal).
+    # Short: two CTAs of 64 query rows per SM (d64, d128 causal), else the persistent kernel with its own
+    # O staging tile.
+    assert pick(512, False, 64) == pick(1024, True, 64) == "sm90.fp16.d64.br64.bc128.tmao"
+    assert pick(512, True) == "sm90.fp16.d128.br64.bc64.tmao"
     assert pick(512, False) == pick(1024, False) == "sm90.fp16.d128.br128.bc128.pers"
-    assert pick(512, False, 64) == "sm90.fp16.d64.br128.bc128.pers"
-    assert pick(512, True, 64) == "sm90.fp16.d64.br128.bc128.pers.lpt"
     # Longer: one tile per CTA, the wider tiles from LARGE_HOPPER_TILE_FROM.
     assert pick(2048, False) == pick(8192, True) == "sm90.fp16.d128.br128.bc176.tmao"  # wide key tiles
-    assert pick(512, True) == pick(4096, True) == "sm90.fp16.d128.br128.bc128.tmao"
-    assert pick(1024, True, 64) == "sm90.fp16.d64.br128.bc128.tmao"
-    assert pick(1024, False, 64) == pick(2048, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
+    assert pick(1024, True) == pick(4096, True) == "sm90.fp16.d128.br128.bc128.tmao"
+    assert pick(2048, False, 64) == pick(2048, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
     assert pick(512, False, 256) == pick(512, True, 256) == "sm90.fp16.d256.br128.bc64.tmao"
-    assert pick(1024, False, 256) == pick(1024, True, 256) == "sm90.fp16.d256.br128.bc80.tmao"
+    assert pick(1024, False, 256) == pick(16384, True, 256) == "sm90.fp16.d256.br128.bc80.tmao"
+    # Long non-causal: the K/V multicast build of the one-tile pick (never when causal).
+    assert pick(8192, False) == pick(16384, False) == "sm90.fp16.d128.br128.bc176.mc.tmao"
+    assert pick(4096, False, 256) == "sm90.fp16.d256.br128.bc80.mc.tmao"
+    assert pick(16384, False, 64) == "sm90.fp16.d64.br192.bc128.mc.tmao"
+    assert pick(8192, False, 64) == "sm90.fp16.d64.br192.bc128.tmao"
+    for s in (1024, 4096, 16384):
+        for d in (64, 128, 256):
+            assert ".mc." not in pick(s, True, d)
+    # Without the multicast and 64-row builds the policy picks as before them.
+    older = [n for n in ALL_BUILT if ".mc." not in n and ".br64." not in n]
+    assert dispatch.choose_config(h100, Problem("fp16", 128, 16384, 16384, 64, False), older)[0] == \
+        "sm90.fp16.d128.br128.bc176.tmao"
+    assert dispatch.choose_config(h100, Problem("fp16", 64, 512, 512, 64, True), older)[0] == \
+        "sm90.fp16.d64.br128.bc128.pers.lpt"
     # Persistent picks only where the O tile has room of its own (not d256, not 176-key tiles).
     for s in (512, 1024, 4096, 16384):
         for causal in (False, True):
