@@ -505,19 +505,17 @@ def select_backward(names_filter=None, configs=None) -> list:
 
 # ---------------------------------------------------------------- Hopper forward kernels (flashop._C_sm90)
 #
-# Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.lr][.mc][.tmao|.pers[.lpt]]. wgmma + TMA, one producer and two
+# Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.mc][.tmao|.pers[.lpt]]. wgmma + TMA, one producer and two
 # consumer warpgroups; "nopp" drops the ping-pong barriers that let one consumer's softmax run under the other's
 # GEMMs; "st3" gives the K/V ring 3 stages instead of 2;
 # "tmao" writes O through shared memory (the dead Q tile) with a TMA store; "pers" is the persistent kernel
 # (one CTA per SM walking the tiles; it always uses the TMA store, so "pers" implies "tmao"); "pers.lpt" walks
 # the tiles longest first over all heads and batches (query tile varying slowest; "lpt" requires "pers");
 # "mc" (one tile per CTA, TMA store) runs non-causal problems with an even number of query tiles as clusters of
-# two CTAs that share each K/V tile through TMA multicast (each loads half), other problems as "tmao" does;
-# "lr" moves a row's softmax reference max only when it grows by more than 2^8 (exp2 terms), so most key tiles
-# skip the O rescale.
+# two CTAs that share each K/V tile through TMA multicast (each loads half), other problems as "tmao" does.
 # Built for sm_90a only: they run on compute capability 9.0 exactly.
 
-_HOPPER_SUFFIXES = ("nopp", "st3", "lr", "mc", "tmao", "pers", "lpt")
+_HOPPER_SUFFIXES = ("nopp", "st3", "mc", "tmao", "pers", "lpt")
 _HOPPER_HEADDIMS = (64, 128, 256)
 
 
@@ -533,7 +531,6 @@ class HopperConfig:
     longest_first: bool = False  # persistent tile order: query tile slowest ("pers.lpt")
     stages: int = 2  # K/V ring depth ("st3": 3)
     multicast: bool = False  # K/V shared by a cluster of two CTAs ("mc")
-    lazy_rescale: bool = False  # O rescaled only when a row's max moves by more than 2^8 ("lr")
 
     def __post_init__(self):
         if self.persistent and not self.tma_store:
@@ -570,7 +567,6 @@ class HopperConfig:
         return (f"sm90.{self.dtype}.d{self.headdim}.br{self.block_m}.bc{self.block_n}"
                 + ("" if self.pingpong else ".nopp")
                 + ("" if self.stages == 2 else f".st{self.stages}")
-                + (".lr" if self.lazy_rescale else "")
                 + (".mc" if self.multicast else "")
                 + (".pers" if self.persistent else ".tmao" if self.tma_store else "")
                 + (".lpt" if self.longest_first else ""))
@@ -602,14 +598,14 @@ class HopperConfig:
         suffixes = parts[5:]
         if len(parts) < 5 or parts[0] != "sm90" or any(x not in _HOPPER_SUFFIXES for x in suffixes):
             raise ValueError(
-                f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.lr][.mc][.tmao|.pers[.lpt]]")
+                f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.mc][.tmao|.pers[.lpt]]")
         try:
             fields = int(parts[2][1:]), int(parts[3][2:]), int(parts[4][2:])
         except ValueError:
             raise ValueError(f"Hopper kernel config {name!r}: malformed field") from None
         persistent = "pers" in suffixes
         config = cls(parts[1], *fields, "nopp" not in suffixes, "tmao" in suffixes or persistent, persistent,
-                     "lpt" in suffixes, 3 if "st3" in suffixes else 2, "mc" in suffixes, "lr" in suffixes)
+                     "lpt" in suffixes, 3 if "st3" in suffixes else 2, "mc" in suffixes)
         if config.name != name:
             raise ValueError(f"Hopper kernel config {name!r}: not in canonical form ({config.name})")
         return config
@@ -643,9 +639,6 @@ HOPPER_FORWARD_CONFIGS = tuple(
     for d, bm, bc in ((128, 128, 176), (128, 128, 128), (256, 128, 80), (64, 192, 128)) for dtype in DTYPES) + tuple(
     # 64 query rows per CTA, two CTAs per SM ("br64"): d64 at B_c = 128 and 64, d128 at B_c = 64.
     HopperConfig(dtype, d, block_m=64, block_n=bc, tma_store=True) for d, bc in ((64, 128), (128, 64), (64, 64))
-    for dtype in DTYPES) + tuple(
-    # The lazy O rescale ("lr") on the d128 B_c = 176 kernels.
-    HopperConfig(dtype, 128, block_n=176, tma_store=True, multicast=mc, lazy_rescale=True) for mc in (False, True)
     for dtype in DTYPES)
 
 

@@ -231,7 +231,7 @@ def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
         return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, persistent{order}, " \
                           f"{pick.block_m} x {pick.block_n} tiles"
     per_tile = ([c for c in hopper if c.tma_store and not c.persistent and c.stages == 2 and not c.multicast
-                 and c.block_m >= 128 and not c.lazy_rescale]
+                 and c.block_m >= 128]
                 or [c for c in hopper if not c.persistent] or hopper)
     from_non_causal, from_causal = LARGE_HOPPER_TILE_FROM.get(problem.headdim, (1 << 62, 1 << 62))
     large = problem.seqlen_k >= (from_causal if problem.causal else from_non_causal)

@@ -169,11 +169,6 @@ using Bf16D128Br64Tmao = Sm90FwdTraits<true, 128, 64, 64, true, true>;
 using Fp16D128Br64Tmao = Sm90FwdTraits<false, 128, 64, 64, true, true>;
 using Bf16D64Br64Bc64Tmao = Sm90FwdTraits<true, 64, 64, 64, true, true>;
 using Fp16D64Br64Bc64Tmao = Sm90FwdTraits<false, 64, 64, 64, true, true>;
-// Lazy O rescale ("lr") on the d128 B_c = 176 kernels (one tile per CTA, and multicast).
-using Bf16D128Bc176LrTmao = Sm90FwdTraits<true, 128, 128, 176, true, true, false, false, 2, false, true>;
-using Fp16D128Bc176LrTmao = Sm90FwdTraits<false, 128, 128, 176, true, true, false, false, 2, false, true>;
-using Bf16D128Bc176LrMcTmao = Sm90FwdTraits<true, 128, 128, 176, true, true, false, false, 2, true, true>;
-using Fp16D128Bc176LrMcTmao = Sm90FwdTraits<false, 128, 128, 176, true, true, false, false, 2, true, true>;
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
@@ -248,11 +243,6 @@ const Sm90FwdKernel kKernels[] = {
     entry<Fp16D128Br64Tmao>("sm90.fp16.d128.br64.bc64.tmao"),
     entry<Bf16D64Br64Bc64Tmao>("sm90.bf16.d64.br64.bc64.tmao"),
     entry<Fp16D64Br64Bc64Tmao>("sm90.fp16.d64.br64.bc64.tmao"),
-    // Lazy O rescale.
-    entry<Bf16D128Bc176LrTmao>("sm90.bf16.d128.br128.bc176.lr.tmao"),
-    entry<Fp16D128Bc176LrTmao>("sm90.fp16.d128.br128.bc176.lr.tmao"),
-    entry<Bf16D128Bc176LrMcTmao>("sm90.bf16.d128.br128.bc176.lr.mc.tmao"),
-    entry<Fp16D128Bc176LrMcTmao>("sm90.fp16.d128.br128.bc176.lr.mc.tmao"),
 };
 
 }  // namespace

@@ -69,7 +69,7 @@ namespace sm90 {
 
 template <bool kBf16_, int kHeadDim_, int kBlockM_, int kBlockN_, bool kPingPong_ = true,
           bool kTmaStore_ = false, bool kPersistent_ = false, bool kLongestFirst_ = false, int kStages_ = 2,
-          bool kMulticast_ = false, bool kLazyRescale_ = false>
+          bool kMulticast_ = false>
 struct Sm90FwdTraits {
   static constexpr bool kBf16 = kBf16_;
   // Named-barrier ping-pong between the consumer warpgroups (off: "nopp"
@@ -85,11 +85,6 @@ struct Sm90FwdTraits {
   // K/V tiles shared by a cluster of two CTAs through TMA multicast ("mc"; see the top of the file).
   // Launched with a cluster shape of 2 or none; the kernel reads which from %cluster_nctarank.
   static constexpr bool kMulticast = kMulticast_;
-  // "lr": the running max a row's P is taken against moves only when the tile's max exceeds it by more
-  // than 2^8 in exp2 terms (P <= 256, still exact in fp32 l/O and in the bf16/fp16 P); otherwise O is not
-  // rescaled, and a warp skips the O rescale when none of its rows moved.
-  static constexpr bool kLazyRescale = kLazyRescale_;
-  static constexpr float kRescaleThreshold = 8.f;  // log2 of the largest P allowed
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -489,18 +484,10 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       for (int i = 0; i < kBN / 8; ++i)
         mx = fmaxf(mx, fmaxf(sacc[4 * i + 2 * h], sacc[4 * i + 2 * h + 1]));
       mx = quad_max(mx);
-      bool moved = true;
-      if constexpr (T::kLazyRescale) {
-        // Keep the old max unless the new one is more than kRescaleThreshold above it (scaled): P stays
-        // <= 2^8. m = -inf (no key seen yet) always moves; -inf - -inf is NaN, not > 8: m stays -inf.
-        moved = (mx - m[h]) * sl2 > T::kRescaleThreshold;
-        if (!moved) mx = m[h];
-      }
       // -inf guard: a row that has only seen masked keys keeps m = -inf; its
       // reference is 0 so that -inf - -inf never makes a NaN (P = 0, O stays 0).
-      // Lazy: exactly 1 when the max did not move (rescale_o's skip test).
       const float ref = (mx == -INFINITY) ? 0.f : mx * sl2;
-      corr[h] = (mx == -INFINITY || !moved) ? 1.f : exp2f(m[h] * sl2 - ref);
+      corr[h] = (mx == -INFINITY) ? 1.f : exp2f(m[h] * sl2 - ref);
       m[h] = mx;
       float sum = 0.f;
 #pragma unroll
@@ -515,10 +502,6 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     }
   };
   auto rescale_o = [&](const float (&corr)[2]) {
-    if constexpr (T::kLazyRescale) {
-      // Warp-uniform skip: nothing to do unless one of the warp's rows moved its max.
-      if (!__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) return;
-    }
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i) {
       o[4 * i + 0] *= corr[0];
