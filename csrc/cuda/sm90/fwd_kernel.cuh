@@ -328,10 +328,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     mbar_init_fence();
   }
   // Multicast: the peer's TMA and its consumers' arrivals reach this CTA's barriers, so both CTAs'
-  // inits must be done before either producer starts. Every build uses the cluster barrier (a cluster
-  // of one without a cluster launch): the multicast builds launched without clusters measured 2-5%
-  // faster than their "tmao" siblings on causal d128/d256 with it, the only difference at the start.
-  cluster_sync();
+  // inits must be done before either producer starts.
+  if constexpr (T::kMulticast) cluster_sync();
+  else __syncthreads();
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
