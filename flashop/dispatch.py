@@ -172,7 +172,7 @@ def heuristic_order(problem: "Problem") -> list:
 # Seqlen_k (non-causal, causal) from which the larger Hopper tile of a headdim measured faster in the
 # H200 policy runs (docs/policy.md): 192 query rows at d64 (three consumer warpgroups), 176 keys at
 # d128, 80 keys at d256. A causal query tile sees fewer keys, so the larger tile pays off later.
-LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 1024)}
+LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 16384), 256: (1024, 1024)}
 # Seqlen_k (non-causal, causal) below which the persistent kernel with its own O staging tile (the next
 # tile's Q loads under the epilogue) is picked, causal in the longest-first tile order: few key tiles
 # per query tile, so the per-tile prologue and epilogue that it overlaps are a large share. In the
@@ -184,12 +184,19 @@ PERSISTENT_HOPPER_BELOW = {64: (1024, 1024), 128: (2048, 0)}
 # "br64") are picked, ahead of the persistent kernel: one CTA's prologue and epilogue run under the other's
 # GEMMs. H200: d64 causal 1k 0.83x -> 0.90x cuDNN in the benchmark; in the tuner (docs/policy.md, run 12)
 # the fastest build or within 2% of it at d64 512-1k (causal or not) and d128 causal 512; at 2k 0.5-3% behind
+# the 192-row tile. At d64 non-causal 1k the benchmark had it 0.89x cuDNN, the 192-row tile 0.98x: from 1k
 # the 192-row tile.
-TWO_CTAS_HOPPER_BELOW = {64: (2048, 2048), 128: (0, 1024)}
+TWO_CTAS_HOPPER_BELOW = {64: (1024, 2048), 128: (0, 1024)}
 # Seqlen_k from which non-causal problems run the K/V multicast build ("mc": clusters of two CTAs sharing
 # each K/V tile) of the one-tile-per-CTA pick. H200 tuner (run 12): the fastest build at d256 from 4k (the
 # one-tile kernel 0.96-0.98), d128 from 8k, d64 at 16k (1-2%); at 2k it was up to 3% behind or even.
 MULTICAST_HOPPER_FROM = {64: 16384, 128: 8192, 256: 4096}
+# Causal seqlen_k range [from, to) in which the multicast build of the pick runs instead of its "tmao"
+# sibling. Causal problems launch it without clusters, so it runs the same algorithm; yet on the H200 it
+# measured 1-6% faster in both harnesses (d256 causal 1k-16k, d128 B_c = 128 causal 2k-8k; docs/hopper.md).
+# The builds differ only in code the causal launch does not execute (the multicast branches); starting
+# every build with the cluster barrier did not close the gap, so the cause is not identified.
+MULTICAST_BUILD_CAUSAL = {128: (2048, 16384), 256: (1024, 1 << 62)}
 # Head dimensions whose backward default on compute capability 9.0 is the wgmma kernel (sm90.bwd.*) rather
 # than the first listed mma.sync config: 1.12-1.27x the fastest mma.sync backward at d128 on an H200
 # (bf16, 1k-16k, causal or not; docs/hopper.md).
@@ -237,10 +244,14 @@ def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
     large = problem.seqlen_k >= (from_causal if problem.causal else from_non_causal)
     pick = max(per_tile, key=area) if large else min(per_tile, key=area)
     walk = "persistent" if pick.persistent else "one tile per CTA"
-    if not problem.causal and problem.seqlen_k >= MULTICAST_HOPPER_FROM.get(problem.headdim, 1 << 62):
+    causal_from, causal_to = MULTICAST_BUILD_CAUSAL.get(problem.headdim, (1 << 62, 0))
+    if (problem.seqlen_k >= MULTICAST_HOPPER_FROM.get(problem.headdim, 1 << 62) if not problem.causal
+            else causal_from <= problem.seqlen_k < causal_to):
         multicast = [c for c in hopper if c.multicast and c.name == pick.name.replace(".tmao", ".mc.tmao")]
         if multicast:
-            pick, walk = multicast[0], "clusters of two CTAs sharing K/V (multicast)"
+            pick = multicast[0]
+            walk = "the multicast build without clusters" if problem.causal else \
+                "clusters of two CTAs sharing K/V (multicast)"
     return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, {walk}, " \
                       f"{pick.block_m} x {pick.block_n} tiles"
 

@@ -64,19 +64,21 @@ def test_hopper_variant_by_length():
     assert pick(512, True) == "sm90.fp16.d128.br64.bc64.tmao"
     assert pick(512, False) == pick(1024, False) == "sm90.fp16.d128.br128.bc128.pers"
     # Longer: one tile per CTA, the wider tiles from LARGE_HOPPER_TILE_FROM.
-    assert pick(2048, False) == pick(8192, True) == "sm90.fp16.d128.br128.bc176.tmao"  # wide key tiles
-    assert pick(1024, True) == pick(4096, True) == "sm90.fp16.d128.br128.bc128.tmao"
-    assert pick(2048, False, 64) == pick(2048, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
+    assert pick(2048, False) == pick(16384, True) == "sm90.fp16.d128.br128.bc176.tmao"  # wide key tiles
+    assert pick(1024, True) == "sm90.fp16.d128.br128.bc128.tmao"
+    assert pick(1024, False, 64) == pick(2048, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
     assert pick(512, False, 256) == pick(512, True, 256) == "sm90.fp16.d256.br128.bc64.tmao"
-    assert pick(1024, False, 256) == pick(16384, True, 256) == "sm90.fp16.d256.br128.bc80.tmao"
-    # Long non-causal: the K/V multicast build of the one-tile pick (never when causal).
+    assert pick(1024, False, 256) == "sm90.fp16.d256.br128.bc80.tmao"
+    # Long non-causal: the K/V multicast build of the one-tile pick.
     assert pick(8192, False) == pick(16384, False) == "sm90.fp16.d128.br128.bc176.mc.tmao"
     assert pick(4096, False, 256) == "sm90.fp16.d256.br128.bc80.mc.tmao"
     assert pick(16384, False, 64) == "sm90.fp16.d64.br192.bc128.mc.tmao"
     assert pick(8192, False, 64) == "sm90.fp16.d64.br192.bc128.tmao"
+    # Causal: the multicast build (launched without clusters) where it measured faster than its sibling.
+    assert pick(2048, True) == pick(8192, True) == "sm90.fp16.d128.br128.bc128.mc.tmao"
+    assert pick(1024, True, 256) == pick(16384, True, 256) == "sm90.fp16.d256.br128.bc80.mc.tmao"
     for s in (1024, 4096, 16384):
-        for d in (64, 128, 256):
-            assert ".mc." not in pick(s, True, d)
+        assert ".mc." not in pick(s, True, 64)
     # Without the multicast and 64-row builds the policy picks as before them.
     older = [n for n in ALL_BUILT if ".mc." not in n and ".br64." not in n]
     assert dispatch.choose_config(h100, Problem("fp16", 128, 16384, 16384, 64, False), older)[0] == \
@@ -97,7 +99,7 @@ def test_hopper_variant_by_length():
 def test_policy_prefers_a_tuned_entry_and_ignores_bad_ones():
     h100, problem = DEVICES["H100"], Problem("bf16", 128, 4096, 4096, 128, True)
     key = dispatch.bucket_key(problem)
-    assert dispatch.choose_config(h100, problem, ALL_BUILT)[0] == "sm90.bf16.d128.br128.bc128.tmao"
+    assert dispatch.choose_config(h100, problem, ALL_BUILT)[0] == "sm90.bf16.d128.br128.bc128.mc.tmao"
     assert dispatch.choose_config(h100, problem, ALL_BUILT, {key: "bf16.d128.br128.bc32.w4"}) == (
         "bf16.d128.br128.bc32.w4", f"tuned cache entry {key}")
     default = dispatch.choose_config(h100, problem, ALL_BUILT)[0]
