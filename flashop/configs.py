@@ -639,8 +639,7 @@ HOPPER_FORWARD_CONFIGS = tuple(
     for d, bm, bc in ((128, 128, 176), (128, 128, 128), (256, 128, 80), (64, 192, 128)) for dtype in DTYPES) + tuple(
     # 64 query rows per CTA, two CTAs per SM ("br64"): d64 at B_c = 128 and 64, d128 at B_c = 64.
     HopperConfig(dtype, d, block_m=64, block_n=bc, tma_store=True) for d, bc in ((64, 128), (128, 64), (64, 64))
-    for dtype in DTYPES) + tuple(
-    HopperConfig(dtype, 64, block_m=64, tma_store=True, stages=3) for dtype in DTYPES)
+    for dtype in DTYPES)
 
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)

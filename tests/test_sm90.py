@@ -101,8 +101,6 @@ CONFIGS = [
     "sm90.fp16.d128.br64.bc64.tmao",
     "sm90.bf16.d64.br64.bc64.tmao",
     "sm90.fp16.d64.br64.bc64.tmao",
-    "sm90.bf16.d64.br64.bc128.st3.tmao",
-    "sm90.fp16.d64.br64.bc128.st3.tmao",
 ]
 TMA_STORE_CONFIGS = [n for n in CONFIGS if n.endswith((".tmao", ".pers", ".pers.lpt"))]
 

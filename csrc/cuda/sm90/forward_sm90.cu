@@ -169,8 +169,6 @@ using Bf16D128Br64Tmao = Sm90FwdTraits<true, 128, 64, 64, true, true>;
 using Fp16D128Br64Tmao = Sm90FwdTraits<false, 128, 64, 64, true, true>;
 using Bf16D64Br64Bc64Tmao = Sm90FwdTraits<true, 64, 64, 64, true, true>;
 using Fp16D64Br64Bc64Tmao = Sm90FwdTraits<false, 64, 64, 64, true, true>;
-using Bf16D64Br64St3Tmao = Sm90FwdTraits<true, 64, 64, 128, true, true, false, false, 3>;
-using Fp16D64Br64St3Tmao = Sm90FwdTraits<false, 64, 64, 128, true, true, false, false, 3>;
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
@@ -245,8 +243,6 @@ const Sm90FwdKernel kKernels[] = {
     entry<Fp16D128Br64Tmao>("sm90.fp16.d128.br64.bc64.tmao"),
     entry<Bf16D64Br64Bc64Tmao>("sm90.bf16.d64.br64.bc64.tmao"),
     entry<Fp16D64Br64Bc64Tmao>("sm90.fp16.d64.br64.bc64.tmao"),
-    entry<Bf16D64Br64St3Tmao>("sm90.bf16.d64.br64.bc128.st3.tmao"),
-    entry<Fp16D64Br64St3Tmao>("sm90.fp16.d64.br64.bc128.st3.tmao"),
 };
 
 }  // namespace
