@@ -538,7 +538,8 @@ class HopperConfig:
         if self.longest_first and not self.persistent:
             raise ValueError("HopperConfig: longest_first is a tile order of the persistent kernel ('lpt' needs 'pers')")
         if self.multicast and not (self.tma_store and not self.persistent):
-            raise ValueError("HopperConfig: multicast ('mc') is a one-tile-per-CTA TMA-store kernel ('mc.tmao')")
+            raise ValueError(f"HopperConfig {self.name!r}: multicast ('mc') is a one-tile-per-CTA TMA-store kernel "
+                             "('mc.tmao')")
         if self.stages not in (2, 3):
             raise ValueError(f"HopperConfig: stages must be 2 or 3, got {self.stages}")
         if self.dtype not in DTYPES:
@@ -553,7 +554,7 @@ class HopperConfig:
                 or not (self.block_n in (64, 128) or (self.block_n == 176 and self.headdim == 128)
                         or (self.block_n == 80 and self.headdim == 256))):
             raise ValueError(f"HopperConfig {self.name!r}: the kernel takes D in {_HOPPER_HEADDIMS}, B_r = 128 (or "
-                             "192 at D = 64, not persistent, or 64, one tile per CTA), B_c 64 or 128 (or 176 at "
+                             "192 at D = 64, not persistent, or 64, one tile per CTA without multicast), B_c 64 or 128 (or 176 at "
                              "D = 128, 80 at D = 256)")
         if self.block_m == 64 and 2 * (self.smem_bytes() + 1024) > 228 * 1024:
             raise ValueError(f"HopperConfig {self.name!r}: B_r = 64 runs two CTAs per SM, but "
