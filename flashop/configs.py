@@ -515,7 +515,7 @@ def select_backward(names_filter=None, configs=None) -> list:
 # two CTAs that share each K/V tile through TMA multicast (each loads half), other problems as "tmao" does.
 # Built for sm_90a only: they run on compute capability 9.0 exactly.
 
-_HOPPER_SUFFIXES = ("nopp", "st3", "mc", "tmao", "pers", "lpt")
+_HOPPER_SUFFIXES = ("nopp", "st3", "cta3", "mc", "tmao", "pers", "lpt")
 _HOPPER_HEADDIMS = (64, 128, 256)
 
 
@@ -531,6 +531,7 @@ class HopperConfig:
     longest_first: bool = False  # persistent tile order: query tile slowest ("pers.lpt")
     stages: int = 2  # K/V ring depth ("st3": 3)
     multicast: bool = False  # K/V shared by a cluster of two CTAs ("mc")
+    three_ctas: bool = False  # B_r = 64 budgeted for three CTAs per SM instead of two ("cta3")
 
     def __post_init__(self):
         if self.persistent and not self.tma_store:
@@ -551,14 +552,17 @@ class HopperConfig:
         if (self.headdim not in _HOPPER_HEADDIMS
                 or not (self.block_m == 128 or (self.block_m == 192 and self.headdim == 64 and not self.persistent)
                         or (self.block_m == 64 and not self.persistent and not self.multicast))
-                or not (self.block_n in (64, 128) or (self.block_n == 176 and self.headdim == 128)
+                or not (self.block_n in (64, 128) or (self.block_n in (176, 192) and self.headdim == 128)
                         or (self.block_n == 80 and self.headdim == 256))):
             raise ValueError(f"HopperConfig {self.name!r}: the kernel takes D in {_HOPPER_HEADDIMS}, B_r = 128 (or "
-                             "192 at D = 64, not persistent, or 64, one tile per CTA without multicast), B_c 64 or 128 (or 176 at "
-                             "D = 128, 80 at D = 256)")
-        if self.block_m == 64 and 2 * (self.smem_bytes() + 1024) > 228 * 1024:
-            raise ValueError(f"HopperConfig {self.name!r}: B_r = 64 runs two CTAs per SM, but "
-                             f"{self.smem_bytes()} bytes of shared memory each do not fit twice")
+                             "192 at D = 64, not persistent, or 64, one tile per CTA without multicast), B_c 64 or 128 (or 176 "
+                             "or 192 at D = 128, 80 at D = 256)")
+        if self.three_ctas and not (self.block_m == 64 and self.headdim == 64 and self.block_n == 64):
+            raise ValueError(f"HopperConfig {self.name!r}: three CTAs per SM ('cta3') is built for D = 64, B_r = 64, "
+                             "B_c = 64 (136 registers per consumer thread)")
+        if self.block_m == 64 and self.ctas_per_sm * (self.smem_bytes() + 1024) > 228 * 1024:
+            raise ValueError(f"HopperConfig {self.name!r}: B_r = 64 runs {self.ctas_per_sm} CTAs per SM, but "
+                             f"{self.smem_bytes()} bytes of shared memory each do not fit {self.ctas_per_sm} times")
         if self.smem_bytes() > MAX_SMEM_BYTES:
             raise ValueError(f"HopperConfig {self.name!r}: needs {self.smem_bytes()} bytes of shared memory, "
                              f"more than {MAX_SMEM_BYTES}")
@@ -568,12 +572,18 @@ class HopperConfig:
         return (f"sm90.{self.dtype}.d{self.headdim}.br{self.block_m}.bc{self.block_n}"
                 + ("" if self.pingpong else ".nopp")
                 + ("" if self.stages == 2 else f".st{self.stages}")
+                + (".cta3" if self.three_ctas else "")
                 + (".mc" if self.multicast else "")
                 + (".pers" if self.persistent else ".tmao" if self.tma_store else "")
                 + (".lpt" if self.longest_first else ""))
 
     def runs_on(self, capability: tuple) -> bool:
         return tuple(capability) == (9, 0)
+
+    @property
+    def ctas_per_sm(self) -> int:
+        """Resident CTAs per SM the kernel is budgeted for (Sm90FwdTraits::kCtasPerSm)."""
+        return 1 if self.block_m != 64 else 3 if self.three_ctas else 2
 
     @property
     def separate_o(self) -> bool:
@@ -599,14 +609,14 @@ class HopperConfig:
         suffixes = parts[5:]
         if len(parts) < 5 or parts[0] != "sm90" or any(x not in _HOPPER_SUFFIXES for x in suffixes):
             raise ValueError(
-                f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.mc][.tmao|.pers[.lpt]]")
+                f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.cta3][.mc][.tmao|.pers[.lpt]]")
         try:
             fields = int(parts[2][1:]), int(parts[3][2:]), int(parts[4][2:])
         except ValueError:
             raise ValueError(f"Hopper kernel config {name!r}: malformed field") from None
         persistent = "pers" in suffixes
         config = cls(parts[1], *fields, "nopp" not in suffixes, "tmao" in suffixes or persistent, persistent,
-                     "lpt" in suffixes, 3 if "st3" in suffixes else 2, "mc" in suffixes)
+                     "lpt" in suffixes, 3 if "st3" in suffixes else 2, "mc" in suffixes, "cta3" in suffixes)
         if config.name != name:
             raise ValueError(f"Hopper kernel config {name!r}: not in canonical form ({config.name})")
         return config
@@ -640,7 +650,11 @@ HOPPER_FORWARD_CONFIGS = tuple(
     for d, bm, bc in ((128, 128, 176), (128, 128, 128), (256, 128, 80), (64, 192, 128)) for dtype in DTYPES) + tuple(
     # 64 query rows per CTA, two CTAs per SM ("br64"): d64 at B_c = 128 and 64, d128 at B_c = 64.
     HopperConfig(dtype, d, block_m=64, block_n=bc, tma_store=True) for d, bc in ((64, 128), (128, 64), (64, 64))
-    for dtype in DTYPES)
+    for dtype in DTYPES) + tuple(
+    # Three CTAs per SM ("cta3"): d64, B_r = B_c = 64.
+    HopperConfig(dtype, 64, block_m=64, block_n=64, tma_store=True, three_ctas=True) for dtype in DTYPES) + tuple(
+    # d128 with B_c = 192 (224 KiB of tiles), one tile per CTA, and its multicast build.
+    HopperConfig(dtype, 128, block_n=192, tma_store=True, multicast=mc) for mc in (False, True) for dtype in DTYPES)
 
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
@@ -669,6 +683,11 @@ class HopperBackwardConfig:
 
     def runs_on(self, capability: tuple) -> bool:
         return tuple(capability) == (9, 0)
+
+    @property
+    def ctas_per_sm(self) -> int:
+        """Resident CTAs per SM the kernel is budgeted for (Sm90FwdTraits::kCtasPerSm)."""
+        return 1 if self.block_m != 64 else 3 if self.three_ctas else 2
 
     def smem_bytes(self) -> int:
         """Sm90BwdTraits::kSmemBytes: K and V tiles, 2 stages of Q and dO, 2 dS buffers (B_r x B_c), 2 stages

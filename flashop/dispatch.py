@@ -170,9 +170,10 @@ def heuristic_order(problem: "Problem") -> list:
 
 
 # Seqlen_k (non-causal, causal) from which the larger Hopper tile of a headdim measured faster in the
-# H200 policy runs (docs/policy.md): 192 query rows at d64 (three consumer warpgroups), 176 keys at
-# d128, 80 keys at d256. A causal query tile sees fewer keys, so the larger tile pays off later.
-LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 16384), 256: (1024, 1024)}
+# policy runs (docs/policy.md): 192 query rows at d64 (three consumer warpgroups), 192 keys at d128 (H100,
+# 2026-11-22: 1-3% ahead of 176 keys from 2k non-causal, 2-3% at causal 8k-16k), 80 keys at d256. A causal
+# query tile sees fewer keys, so the larger tile pays off later.
+LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 1024)}
 # Seqlen_k (non-causal, causal) below which the persistent kernel with its own O staging tile (the next
 # tile's Q loads under the epilogue) is picked, causal in the longest-first tile order: few key tiles
 # per query tile, so the per-tile prologue and epilogue that it overlaps are a large share. In the
@@ -180,13 +181,14 @@ LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 16384), 256: (1024, 1024)}
 # where it was ahead by less (d64 causal 1k, d128 2k), the benchmark's own timing disagreed, so those
 # keep one tile per CTA. d128 causal and d256 (no room for the O tile) always do.
 PERSISTENT_HOPPER_BELOW = {64: (1024, 1024), 128: (2048, 0)}
-# Seqlen_k (non-causal, causal) below which two CTAs per SM of 64 query rows each (one consumer warpgroup,
-# "br64") are picked, ahead of the persistent kernel: one CTA's prologue and epilogue run under the other's
-# GEMMs. H200: d64 causal 1k 0.83x -> 0.90x cuDNN in the benchmark; in the tuner (docs/policy.md, run 12)
-# the fastest build or within 2% of it at d64 512-1k (causal or not) and d128 causal 512; at 2k 0.5-3% behind
-# the 192-row tile. At d64 non-causal 1k the benchmark had it 0.89x cuDNN, the 192-row tile 0.98x: from 1k
-# the 192-row tile.
-TWO_CTAS_HOPPER_BELOW = {64: (1024, 2048), 128: (0, 1024)}
+# Seqlen_k (non-causal, causal) below which several CTAs per SM of 64 query rows each (one consumer
+# warpgroup) are picked, ahead of the persistent kernel: one CTA's prologue and epilogue run under the
+# others' GEMMs. Three per SM where built ("cta3": d64), else two ("br64": d128). H100 (2026-11-22, the
+# benchmark's runner): d64 three CTAs 0.93-0.97x cuDNN at 512 (two: 0.81-0.87x, the 192-row tile
+# 0.66-0.86x), causal 1k 0.90-0.94x (two: 0.87x); from 1k non-causal and 2k causal the 192-row tile is
+# as fast or faster (non-causal 2k: 457 vs 400 TFLOP/s). H200 (run 12): d128 causal 512 two CTAs within
+# 2% of the fastest build.
+MULTI_CTA_HOPPER_BELOW = {64: (1024, 2048), 128: (0, 1024)}
 # Seqlen_k from which non-causal problems run the K/V multicast build ("mc": clusters of two CTAs sharing
 # each K/V tile) of the one-tile-per-CTA pick. H200 tuner (run 12): the fastest build at d256 from 4k (the
 # one-tile kernel 0.96-0.98), d128 from 8k, d64 at 16k (1-2%); at 2k it was up to 3% behind or even.
@@ -196,7 +198,7 @@ MULTICAST_HOPPER_FROM = {64: 16384, 128: 8192, 256: 4096}
 # measured 1-6% faster in both harnesses (d256 causal 1k-16k, d128 B_c = 128 causal 2k-8k; docs/hopper.md).
 # The builds differ only in code the causal launch does not execute (the multicast branches); starting
 # every build with the cluster barrier did not close the gap, so the cause is not identified.
-MULTICAST_BUILD_CAUSAL = {128: (2048, 16384), 256: (1024, 1 << 62)}
+MULTICAST_BUILD_CAUSAL = {128: (2048, 8192), 256: (1024, 1 << 62)}
 # Head dimensions whose backward default on compute capability 9.0 is the wgmma kernel (sm90.bwd.*) rather
 # than the first listed mma.sync config: 1.12-1.27x the fastest mma.sync backward at d128 on an H200
 # (bf16, 1k-16k, causal or not; docs/hopper.md).
@@ -213,8 +215,8 @@ def mma_sync_backward_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> 
 
 
 def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
-    """Among the built Hopper ping-pong configs: below the length in TWO_CTAS_HOPPER_BELOW the 64-row
-    tiles run two CTAs per SM; else below the length in PERSISTENT_HOPPER_BELOW the
+    """Among the built Hopper ping-pong configs: below the length in MULTI_CTA_HOPPER_BELOW the 64-row
+    tiles run three (or two) CTAs per SM; else below the length in PERSISTENT_HOPPER_BELOW the
     persistent kernel with a separate O staging tile (longest-first tile order when causal); otherwise
     one tile per CTA with the TMA-store epilogue, which in the H200 policy runs was the fastest of all
     built configs on nearly every longer shape (docs/policy.md): the hardware block scheduler
@@ -223,12 +225,12 @@ def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
     smallest (more CTAs, a narrower causal diagonal); non-causal from the length in MULTICAST_HOPPER_FROM,
     its K/V multicast build where there is one."""
     area = lambda c: c.block_m * c.block_n  # noqa: E731
-    two_ctas_non_causal, two_ctas_causal = TWO_CTAS_HOPPER_BELOW.get(problem.headdim, (0, 0))
-    two_ctas = [c for c in hopper if c.block_m == 64 and c.stages == 2]
-    if two_ctas and problem.seqlen_k < (two_ctas_causal if problem.causal else two_ctas_non_causal):
-        pick = max(two_ctas, key=area)
-        return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, two CTAs per SM, " \
-                          f"{pick.block_m} x {pick.block_n} tiles"
+    multi_non_causal, multi_causal = MULTI_CTA_HOPPER_BELOW.get(problem.headdim, (0, 0))
+    multi_cta = [c for c in hopper if c.block_m == 64 and c.stages == 2]
+    if multi_cta and problem.seqlen_k < (multi_causal if problem.causal else multi_non_causal):
+        pick = max(multi_cta, key=lambda c: (c.ctas_per_sm, area(c)))
+        return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, " \
+                          f"{pick.ctas_per_sm} CTAs per SM, {pick.block_m} x {pick.block_n} tiles"
     below_non_causal, below_causal = PERSISTENT_HOPPER_BELOW.get(problem.headdim, (0, 0))
     persistent = [c for c in hopper if c.persistent and c.separate_o and c.stages == 2
                   and c.longest_first == problem.causal]

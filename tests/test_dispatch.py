@@ -58,29 +58,34 @@ def test_policy_uses_small_query_tiles_when_the_gpu_would_idle():
 def test_hopper_variant_by_length():
     h100 = DEVICES["H100"]
     pick = lambda s, causal, d=128: dispatch.choose_config(h100, Problem("fp16", d, s, s, 64, causal), ALL_BUILT)[0]  # noqa: E731
-    # Short: two CTAs of 64 query rows per SM (d64, d128 causal), else the persistent kernel with its own
-    # O staging tile.
-    assert pick(512, False, 64) == pick(1024, True, 64) == "sm90.fp16.d64.br64.bc128.tmao"
+    # Short: three (d64) or two (d128 causal) CTAs of 64 query rows per SM, else the persistent kernel with
+    # its own O staging tile.
+    assert pick(512, False, 64) == pick(1024, True, 64) == "sm90.fp16.d64.br64.bc64.cta3.tmao"
     assert pick(512, True) == "sm90.fp16.d128.br64.bc64.tmao"
+    # Without the three-CTA build, two CTAs per SM.
+    no_cta3 = [n for n in ALL_BUILT if ".cta3." not in n]
+    assert dispatch.choose_config(h100, Problem("fp16", 64, 512, 512, 64, False), no_cta3)[0] == \
+        "sm90.fp16.d64.br64.bc128.tmao"
     assert pick(512, False) == pick(1024, False) == "sm90.fp16.d128.br128.bc128.pers"
     # Longer: one tile per CTA, the wider tiles from LARGE_HOPPER_TILE_FROM.
-    assert pick(2048, False) == pick(16384, True) == "sm90.fp16.d128.br128.bc176.tmao"  # wide key tiles
+    assert pick(2048, False) == pick(4096, False) == pick(8192, True) == pick(16384, True) == \
+        "sm90.fp16.d128.br128.bc192.tmao"  # wide key tiles
     assert pick(1024, True) == "sm90.fp16.d128.br128.bc128.tmao"
     assert pick(1024, False, 64) == pick(2048, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
     assert pick(512, False, 256) == pick(512, True, 256) == "sm90.fp16.d256.br128.bc64.tmao"
     assert pick(1024, False, 256) == "sm90.fp16.d256.br128.bc80.tmao"
     # Long non-causal: the K/V multicast build of the one-tile pick.
-    assert pick(8192, False) == pick(16384, False) == "sm90.fp16.d128.br128.bc176.mc.tmao"
+    assert pick(8192, False) == pick(16384, False) == "sm90.fp16.d128.br128.bc192.mc.tmao"
     assert pick(4096, False, 256) == "sm90.fp16.d256.br128.bc80.mc.tmao"
     assert pick(16384, False, 64) == "sm90.fp16.d64.br192.bc128.mc.tmao"
     assert pick(8192, False, 64) == "sm90.fp16.d64.br192.bc128.tmao"
     # Causal: the multicast build (launched without clusters) where it measured faster than its sibling.
-    assert pick(2048, True) == pick(8192, True) == "sm90.fp16.d128.br128.bc128.mc.tmao"
+    assert pick(2048, True) == pick(4096, True) == "sm90.fp16.d128.br128.bc128.mc.tmao"
     assert pick(1024, True, 256) == pick(16384, True, 256) == "sm90.fp16.d256.br128.bc80.mc.tmao"
     for s in (1024, 4096, 16384):
         assert ".mc." not in pick(s, True, 64)
-    # Without the multicast and 64-row builds the policy picks as before them.
-    older = [n for n in ALL_BUILT if ".mc." not in n and ".br64." not in n]
+    # Without the multicast, 64-row and 192-key builds the policy picks as before them.
+    older = [n for n in ALL_BUILT if ".mc." not in n and ".br64." not in n and ".bc192." not in n]
     assert dispatch.choose_config(h100, Problem("fp16", 128, 16384, 16384, 64, False), older)[0] == \
         "sm90.fp16.d128.br128.bc176.tmao"
     assert dispatch.choose_config(h100, Problem("fp16", 64, 512, 512, 64, True), older)[0] == \

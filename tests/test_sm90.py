@@ -101,6 +101,14 @@ CONFIGS = [
     "sm90.fp16.d128.br64.bc64.tmao",
     "sm90.bf16.d64.br64.bc64.tmao",
     "sm90.fp16.d64.br64.bc64.tmao",
+    # three CTAs per SM (136 registers per consumer thread)
+    "sm90.bf16.d64.br64.bc64.cta3.tmao",
+    "sm90.fp16.d64.br64.bc64.cta3.tmao",
+    # head dim 128 with 192 keys per tile: S as m64n192k16, P V in 12 k-steps
+    "sm90.bf16.d128.br128.bc192.tmao",
+    "sm90.fp16.d128.br128.bc192.tmao",
+    "sm90.bf16.d128.br128.bc192.mc.tmao",
+    "sm90.fp16.d128.br128.bc192.mc.tmao",
 ]
 TMA_STORE_CONFIGS = [n for n in CONFIGS if n.endswith((".tmao", ".pers", ".pers.lpt"))]
 
@@ -244,14 +252,15 @@ def tma_store_reference(name):
     of the same shape (B_c = 176 has no plain-store build; the persistent kernel's tile walk, Q/O-staging
     hand-over and K/V ring phases across tiles are then what differs); a ".pers.lpt" config: its ".pers"
     sibling (only the tile order differs); a ".st3" config: its 2-stage sibling (only the K/V ring depth
-    differs); a ".mc" config: the same kernel without multicast (only where K/V come from differs). None:
+    differs); a ".cta3" config: its two-CTA sibling (only the register budget differs); a ".mc" config: the same kernel without multicast (only where K/V come from differs). None:
     nothing to compare with."""
     if ".mc." in name:
         sibling = name.replace(".mc.", ".")
         return sibling if sibling in CONFIGS else None
-    if ".st3." in name:
-        sibling = name.replace(".st3.", ".")
-        return sibling if sibling in CONFIGS else None
+    for suffix in (".st3.", ".cta3."):
+        if suffix in name:
+            sibling = name.replace(suffix, ".")
+            return sibling if sibling in CONFIGS else None
     if name.endswith(".pers.lpt"):
         sibling = name[: -len(".lpt")]
         return sibling if sibling in CONFIGS else None

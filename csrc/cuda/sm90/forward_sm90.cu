@@ -57,7 +57,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     auto kernel = fwd_kernel_sm90_tmao<T>;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-    // B_r = 64 is sized for two CTAs per SM: ask for the largest shared-memory carveout so both fit.
+    // B_r = 64 is sized for two or three CTAs per SM: ask for the largest shared-memory carveout so they fit.
     if (err == cudaSuccess && T::kCtasPerSm > 1)
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared);
@@ -169,6 +169,14 @@ using Bf16D128Br64Tmao = Sm90FwdTraits<true, 128, 64, 64, true, true>;
 using Fp16D128Br64Tmao = Sm90FwdTraits<false, 128, 64, 64, true, true>;
 using Bf16D64Br64Bc64Tmao = Sm90FwdTraits<true, 64, 64, 64, true, true>;
 using Fp16D64Br64Bc64Tmao = Sm90FwdTraits<false, 64, 64, 64, true, true>;
+// Three such CTAs per SM (d64, B_c = 64).
+using Bf16D64Br64Bc64Cta3Tmao = Sm90FwdTraits<true, 64, 64, 64, true, true, false, false, 2, false, 3>;
+using Fp16D64Br64Bc64Cta3Tmao = Sm90FwdTraits<false, 64, 64, 64, true, true, false, false, 2, false, 3>;
+// D = 128 with 192 keys per tile (one tile per CTA, TMA store).
+using Bf16D128Bc192Tmao = Sm90FwdTraits<true, 128, 128, 192, true, true>;
+using Fp16D128Bc192Tmao = Sm90FwdTraits<false, 128, 128, 192, true, true>;
+using Bf16D128Bc192McTmao = Sm90FwdTraits<true, 128, 128, 192, true, true, false, false, 2, true>;
+using Fp16D128Bc192McTmao = Sm90FwdTraits<false, 128, 128, 192, true, true, false, false, 2, true>;
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
@@ -243,6 +251,14 @@ const Sm90FwdKernel kKernels[] = {
     entry<Fp16D128Br64Tmao>("sm90.fp16.d128.br64.bc64.tmao"),
     entry<Bf16D64Br64Bc64Tmao>("sm90.bf16.d64.br64.bc64.tmao"),
     entry<Fp16D64Br64Bc64Tmao>("sm90.fp16.d64.br64.bc64.tmao"),
+    // Three CTAs per SM.
+    entry<Bf16D64Br64Bc64Cta3Tmao>("sm90.bf16.d64.br64.bc64.cta3.tmao"),
+    entry<Fp16D64Br64Bc64Cta3Tmao>("sm90.fp16.d64.br64.bc64.cta3.tmao"),
+    // D = 128, 192 keys per tile.
+    entry<Bf16D128Bc192Tmao>("sm90.bf16.d128.br128.bc192.tmao"),
+    entry<Fp16D128Bc192Tmao>("sm90.fp16.d128.br128.bc192.tmao"),
+    entry<Bf16D128Bc192McTmao>("sm90.bf16.d128.br128.bc192.mc.tmao"),
+    entry<Fp16D128Bc192McTmao>("sm90.fp16.d128.br128.bc192.mc.tmao"),
 };
 
 }  // namespace

@@ -46,7 +46,8 @@
 //     two CTAs share an SM: one CTA's prologue (Q and first K/V loads, the first
 //     S without a P V beside it) and epilogue run under the other's GEMMs, which
 //     is what short (and causal) problems lack at one CTA per SM. No ping-pong
-//     (the other CTA plays that part); consumers get 232 registers.
+//     (the other CTA plays that part); consumers get 232 registers. "cta3": three
+//     such CTAs per SM (d64, B_c = 64: 42 KiB of shared memory each), 136 registers.
 //
 // Shared-memory tiles are rows of 64 elements (128 bytes) in the TMA/wgmma
 // 128-byte swizzle; a head dimension of D is kept as D/64 such column blocks.
@@ -69,7 +70,7 @@ namespace sm90 {
 
 template <bool kBf16_, int kHeadDim_, int kBlockM_, int kBlockN_, bool kPingPong_ = true,
           bool kTmaStore_ = false, bool kPersistent_ = false, bool kLongestFirst_ = false, int kStages_ = 2,
-          bool kMulticast_ = false>
+          bool kMulticast_ = false, int kCtasPerSm_ = 0>
 struct Sm90FwdTraits {
   static constexpr bool kBf16 = kBf16_;
   // Named-barrier ping-pong between the consumer warpgroups (off: "nopp"
@@ -93,8 +94,11 @@ struct Sm90FwdTraits {
   static_assert(kStages >= 2, "the producer issues K_0, K_1, V_0 before it may wait on this tile");
   static constexpr int kConsumerWGs = kBlockM / 64;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
-  // Resident CTAs per SM the registers (and the shared memory, asserted below) are budgeted for.
-  static constexpr int kCtasPerSm = kConsumerWGs == 1 ? 2 : 1;
+  // Resident CTAs per SM the registers (and the shared memory, asserted below) are budgeted for:
+  // 1 with two or three consumer warpgroups; with one (B_r = 64) 2 by default, 3 where asked ("cta3").
+  static constexpr int kCtasPerSm = kCtasPerSm_ ? kCtasPerSm_ : kConsumerWGs == 1 ? 2 : 1;
+  static_assert(kCtasPerSm == 1 || (kConsumerWGs == 1 && (kCtasPerSm == 2 || kCtasPerSm == 3)),
+                "more than one CTA per SM only with one consumer warpgroup (B_r = 64), at most three");
   static constexpr int kDBlocks = kHeadDim / 64;  // 64-element (128-byte) column blocks
 
   // Two consumer warpgroups of 64 rows; three (B_r = 192, FlashAttention-3's d64 tile: more rows
@@ -111,9 +115,10 @@ struct Sm90FwdTraits {
   // rescale and barrier round) at D = 128 only: 88 S + 44 P + 64 O registers of the 240; at D = 256
   // the shared memory does not fit, D = 64 is not built. 80 (FlashAttention-3's d256 tile) at
   // D = 256 only: 40 S + 20 P + 128 O registers; Q 64 KiB + 2 x (K + V) 40 KiB each = 224 KiB.
-  static_assert(kBlockN == 64 || kBlockN == 128 || (kBlockN == 176 && kHeadDim == 128) ||
+  // 192 at D = 128: 96 S + 48 P + 64 O registers; Q 32 KiB + 2 x (K + V) 48 KiB each = 224 KiB.
+  static_assert(kBlockN == 64 || kBlockN == 128 || ((kBlockN == 176 || kBlockN == 192) && kHeadDim == 128) ||
                     (kBlockN == 80 && kHeadDim == 256),
-                "wgmma N of S: B_c 64 or 128 (176 at D = 128, 80 at D = 256)");
+                "wgmma N of S: B_c 64 or 128 (176 or 192 at D = 128, 80 at D = 256)");
   static_assert(kBlockN % 16 == 0, "P V takes B_c/16 k16 steps");
   static_assert(!kPersistent || kTmaStore, "the persistent kernel stages O in the Q tile");
   static_assert(!kLongestFirst || kPersistent, "the longest-first order is a persistent tile order");
@@ -164,8 +169,8 @@ struct Sm90FwdTraits {
   // D = 128, B_c = 176: Q 32 KiB + 2 x (K + V) 44 KiB each = 208 KiB (212 992 B) + 72 / 80 B of
   // barriers + 1 KiB slack = 214 088 B (tmao) / 214 096 B (pers).
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
-  // Two CTAs per SM (B_r = 64): 228 KiB per SM, 1 KiB of it reserved per CTA by the hardware.
-  static_assert(kCtasPerSm == 1 || kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs per SM");
+  // Two or three CTAs per SM (B_r = 64): 228 KiB per SM, 1 KiB of it reserved per CTA by the hardware.
+  static_assert(kCtasPerSm == 1 || kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "CTAs per SM");
   // Descriptor fields are 14 bits of (bytes >> 4): start addresses (below 256 KiB, masked to 18
   // bits) and V's LBO = kKVBlockBytes (8 KiB at B_c = 64, 22 528 B = 1408 units at B_c = 176) fit;
   // mbarrier tx-count < 2^20 (K or V tile: 45 056 B at B_c = 176).
@@ -175,8 +180,12 @@ struct Sm90FwdTraits {
   static constexpr int kProducerRegs = 24;
   // 512 threads at B_r = 192: 24 x 128 + 160 x 384 = 64 512 of the 65 536 registers. B_r = 64: two
   // CTAs of 256 threads launch with 128 each (65 536 / 512); the producer's 104 released per thread go
-  // to the consumer: 232.
-  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : kConsumerWGs == 3 ? 160 : 232;
+  // to the consumer: 232. Three CTAs: 80 each at launch (65 536 / 768 = 85, in steps of 8), the
+  // consumer gets 80 + 56 = 136 (32 S + 16 P + 32 O at D = 64, B_c = 64). ptxas compiles each wgmma
+  // within the launch limit of 80, though: at D = 128 (P V m64n128, 64 accumulators next to S and P)
+  // it refuses ("insufficient registers (80)"), so D = 128 has no three-CTA build.
+  static constexpr int kConsumerRegs =
+      kConsumerWGs == 2 ? 240 : kConsumerWGs == 3 ? 160 : kCtasPerSm == 3 ? 136 : 232;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= 65536 / kCtasPerSm, "regs");
 };
 

@@ -1,5 +1,5 @@
 // wgmma.mma_async wrappers: one template per A source, wgmma_ss (A from shared memory) and
-// wgmma_rs (A from registers), on <element type, N, tnspB>; N = 64, 80, 128, 176 or 256 (hand-checked
+// wgmma_rs (A from registers), on <element type, N, tnspB>; N = 64, 80, 128, 176, 192 or 256 (hand-checked
 // against the PTX ISA: with 16-bit A/B, N is any multiple of 8 from 8 to 256).
 // D (f32 accumulators) is m64 x N, N/2 registers per thread: per warp w of the warpgroup rows
 // 16w..16w+15; for n8 block i a thread holds d[4i+0..3] = (r, c), (r, c+1), (r+8, c), (r+8, c+1)
@@ -43,6 +43,8 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define FLASHOP_WG_ACC_88 FLASHOP_WG_ACC_64 \
   ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
   ", %80, %81, %82, %83, %84, %85, %86, %87"
+#define FLASHOP_WG_ACC_96 FLASHOP_WG_ACC_88 \
+  ", %88, %89, %90, %91, %92, %93, %94, %95"
 #define FLASHOP_WG_ACC_128 FLASHOP_WG_ACC_64 \
   ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
   ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
@@ -60,6 +62,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define FLASHOP_WG_D_64 FLASHOP_WG_D32(0), FLASHOP_WG_D32(32)
 #define FLASHOP_WG_D_88 \
   FLASHOP_WG_D32(0), FLASHOP_WG_D32(32), FLASHOP_WG_D8(64), FLASHOP_WG_D8(72), FLASHOP_WG_D8(80)
+#define FLASHOP_WG_D_96 FLASHOP_WG_D32(0), FLASHOP_WG_D32(32), FLASHOP_WG_D32(64)
 #define FLASHOP_WG_D_128 FLASHOP_WG_D32(0), FLASHOP_WG_D32(32), FLASHOP_WG_D32(64), FLASHOP_WG_D32(96)
 
 // The inputs follow the outputs: operand k after the accumulators is %(R+k).
@@ -93,6 +96,13 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define FLASHOP_WG_ARG88_4 "%92"
 #define FLASHOP_WG_ARG88_5 "%93"
 #define FLASHOP_WG_ARG88_6 "%94"
+#define FLASHOP_WG_ARG96_0 "%96"
+#define FLASHOP_WG_ARG96_1 "%97"
+#define FLASHOP_WG_ARG96_2 "%98"
+#define FLASHOP_WG_ARG96_3 "%99"
+#define FLASHOP_WG_ARG96_4 "%100"
+#define FLASHOP_WG_ARG96_5 "%101"
+#define FLASHOP_WG_ARG96_6 "%102"
 #define FLASHOP_WG_ARG128_0 "%128"
 #define FLASHOP_WG_ARG128_1 "%129"
 #define FLASHOP_WG_ARG128_2 "%130"
@@ -126,10 +136,10 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
     else KIND(N, R, "f16.f16");                           \
   } while (0)
 
-// N widths with spelled operands (N/2 registers): 64 (32), 80 (40), 128 (64), 176 (88), 256 (128). Another
+// N widths with spelled operands (N/2 registers): 64 (32), 80 (40), 128 (64), 176 (88), 192 (96), 256 (128). Another
 // width needs its FLASHOP_WG_ACC_/D_/ARG entries and one line in each template below.
 template <int N>
-constexpr bool kWgmmaWidthSpelled = N == 64 || N == 80 || N == 128 || N == 176 || N == 256;
+constexpr bool kWgmmaWidthSpelled = N == 64 || N == 80 || N == 128 || N == 176 || N == 192 || N == 256;
 
 // D[64xN] (+)= A[64x16] (smem, K-major, descriptor) * B[16xN] (smem, descriptor, tnspB)
 template <bool kBf16, int N, int kTnspB>
@@ -141,6 +151,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
   else if constexpr (N == 80) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 80, 40);
   else if constexpr (N == 128) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 128, 64);
   else if constexpr (N == 176) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 176, 88);
+  else if constexpr (N == 192) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 192, 96);
   else if constexpr (N == 256) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 256, 128);
 #endif
 }
@@ -155,6 +166,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
   else if constexpr (N == 80) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 80, 40);
   else if constexpr (N == 128) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 128, 64);
   else if constexpr (N == 176) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 176, 88);
+  else if constexpr (N == 192) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 192, 96);
   else if constexpr (N == 256) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 256, 128);
 #endif
 }
