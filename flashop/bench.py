@@ -4,7 +4,7 @@
     python -m flashop.bench --device cuda     # TFLOP/s vs the FLASH_ATTENTION and CUDNN_ATTENTION backends
 
 Times are medians: CUDA-event timings (triton.testing.do_bench) on the GPU, torch.utils.benchmark on
-the CPU. Ratios > 1 mean flashop is faster. Results go to stdout as a markdown table and, with
+the CPU; on the GPU the implementations take turns over --rounds rounds (median of the rounds). Ratios > 1 mean flashop is faster. Results go to stdout as a markdown table and, with
 --out-dir, to <out-dir>/bench_<device>.{md,json,png}.
 """
 from __future__ import annotations
@@ -124,18 +124,30 @@ def cuda_cases(args):
                         yield Case(dtype, headdim, seqlen, batch, heads, causal, mode)
 
 
-def run_case(case: Case, device: str, peers: list[str], config=None) -> Result:
+def run_case(case: Case, device: str, peers: list[str], config=None, rounds: int = 1) -> Result:
+    """Each implementation's median time; with rounds > 1 the implementations are timed in turn, round after
+    round (the order rotated each round), and each keeps the median of its rounds: the GPU's clock drifts
+    with temperature and power over seconds, and a peer timed in one cool or hot stretch would carry that
+    into the ratio."""
     result = Result(case)
-    for impl in ["flashop"] + peers:
+    impls = ["flashop"] + peers
+    runners, samples = {}, {impl: [] for impl in impls}
+    for impl in impls:
         try:
-            fn = make_runner(impl, case, device, config)
-            fn()  # warm-up: kernel selection, autotuned backends, lazy init
-            result.ms[impl] = median_ms(fn, device)
+            runners[impl] = make_runner(impl, case, device, config)
+            runners[impl]()  # warm-up: kernel selection, autotuned backends, lazy init
         except RuntimeError as err:  # a peer backend that refuses the shape (e.g. cuDNN d256 backward)
             print(f"  {impl} failed on {case}: {str(err).splitlines()[0]}")
-            result.ms[impl] = float("nan")
-        if device == "cuda":
-            torch.cuda.empty_cache()
+            runners.pop(impl, None)
+    for r in range(rounds):
+        for impl in impls[r % len(impls):] + impls[:r % len(impls)]:
+            if impl in runners:
+                samples[impl].append(median_ms(runners[impl], device))
+    for impl in impls:
+        result.ms[impl] = statistics.median(samples[impl]) if samples[impl] else float("nan")
+    del runners
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return result
 
 
@@ -214,9 +226,12 @@ def parse_args(argv=None):
     p.add_argument("--heads", type=int, help="default 8 on cpu, 2048/headdim on cuda")
     p.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     p.add_argument("--config", help="force one kernel config (cuda)")
+    p.add_argument("--rounds", type=int, help="time the implementations in turn this many times, keep each one's "
+                   "median (default 3 on cuda, 1 on cpu)")
     p.add_argument("--out-dir", help="write bench_<device>.md/.json/.png here")
     args = p.parse_args(argv)
     args.tokens = args.tokens or (32768 if args.device == "cuda" else 4096)
+    args.rounds = args.rounds or (3 if args.device == "cuda" else 1)
     return args
 
 
@@ -230,7 +245,8 @@ def main(argv=None):
         peers, cases = ["torch"], list(cpu_cases(args))
     from tqdm import tqdm
 
-    results = [run_case(c, args.device, peers, args.config) for c in tqdm(cases, desc=f"bench {args.device}")]
+    results = [run_case(c, args.device, peers, args.config, args.rounds)
+               for c in tqdm(cases, desc=f"bench {args.device}")]
     table = markdown(results, args.device, peers)
     print(table)
     if args.out_dir:
