@@ -4,8 +4,9 @@
     python -m flashop.bench --device cuda     # TFLOP/s vs the FLASH_ATTENTION and CUDNN_ATTENTION backends
 
 Times are medians: CUDA-event timings (triton.testing.do_bench) on the GPU, torch.utils.benchmark on
-the CPU; on the GPU the implementations take turns over --rounds rounds (median of the rounds). Ratios > 1 mean flashop is faster. Results go to stdout as a markdown table and, with
---out-dir, to <out-dir>/bench_<device>.{md,json,png}.
+the CPU; on the GPU the implementations take turns over --rounds rounds (median of the rounds).
+Ratios > 1 mean flashop is faster. Results go to stdout as a markdown table and, with --out-dir, to
+<out-dir>/bench_<device>.{md,json,png}.
 """
 from __future__ import annotations
 
