@@ -684,11 +684,6 @@ class HopperBackwardConfig:
     def runs_on(self, capability: tuple) -> bool:
         return tuple(capability) == (9, 0)
 
-    @property
-    def ctas_per_sm(self) -> int:
-        """Resident CTAs per SM the kernel is budgeted for (Sm90FwdTraits::kCtasPerSm)."""
-        return 1 if self.block_m != 64 else 3 if self.three_ctas else 2
-
     def smem_bytes(self) -> int:
         """Sm90BwdTraits::kSmemBytes: K and V tiles, 2 stages of Q and dO, 2 dS buffers (B_r x B_c), 2 stages
         of lse and D (B_r floats each), 5 mbarriers and 1024 bytes of alignment slack."""
