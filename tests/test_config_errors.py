@@ -6,11 +6,18 @@ from flashop.configs import HopperConfig, KernelConfig
 expecttest = pytest.importorskip("expecttest")
 
 
-class TestConfigErrors(expecttest.TestCase):
+class ParseErrors(expecttest.TestCase):
+    """check(name, expected): parsing `name` raises ValueError with exactly `expected`."""
+    parse = None
+
     def check(self, text, expected):
         with self.assertRaises(ValueError) as caught:
-            KernelConfig.parse(text)
+            type(self).parse(text)
         self.assertExpectedInline(str(caught.exception), expected, skip=1)
+
+
+class TestConfigErrors(ParseErrors):
+    parse = staticmethod(KernelConfig.parse)
 
     def test_bad_names(self):
         self.check("bf16.d128", """kernel config 'bf16.d128': expected the form <dtype>.d<headdim>.br<block_m>.bc<block_n>.w<warps>[.kv2][.qreg][.noswz]""")
@@ -20,11 +27,8 @@ class TestConfigErrors(expecttest.TestCase):
         self.check("bf16.d128.br96.bc64.w4", """invalid kernel config 'bf16.d128.br96.bc64.w4': block_m (br) 96 with 4 warps gives 24 rows per warp; each warp must own 16 or 32 rows""")
 
 
-class TestHopperConfigErrors(expecttest.TestCase):
-    def check(self, text, expected):
-        with self.assertRaises(ValueError) as caught:
-            HopperConfig.parse(text)
-        self.assertExpectedInline(str(caught.exception), expected, skip=1)
+class TestHopperConfigErrors(ParseErrors):
+    parse = staticmethod(HopperConfig.parse)
 
     def test_multicast_and_two_ctas_per_sm(self):
         self.check("sm90.bf16.d128.br128.bc176.mc.pers", """HopperConfig 'sm90.bf16.d128.br128.bc176.mc.pers': multicast ('mc') is a one-tile-per-CTA TMA-store kernel ('mc.tmao')""")
@@ -39,4 +43,3 @@ class TestHopperConfigErrors(expecttest.TestCase):
         # Two CTAs per SM: each CTA's shared memory (Q + 2 stages of K and V + barriers + 1 KiB slack) fits twice.
         self.assertEqual(HopperConfig.parse("sm90.bf16.d64.br64.bc128.tmao").smem_bytes(), 74824)
         self.assertEqual(HopperConfig.parse("sm90.bf16.d128.br64.bc64.tmao").smem_bytes(), 83016)
-
