@@ -2,10 +2,14 @@
 # The GPU machine in one command: build with all cores, CUDA tests, compute-sanitizer on small
 # shapes, the CUDA benchmark; logs, the report (markdown + PNG) and the build report under $OUT.
 #
-#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick] [compare] [ab] [policy] [profile]   (none named: build test sanitize bench)
+#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick] [compare] [ab] [abbuild] [policy] [profile]
+#   (none named: build test sanitize bench)
 #
 # compare: every candidate config timed per shape, relative to the fastest (no cache written);
 #   COMPARE_ARGS narrows it (flashop.tune arguments), e.g. "--headdims 128 --directions backward".
+# abbuild: a kernel experiment across two builds of the Hopper module: the current build (A) against a
+#   rebuild with FLASHOP_SM90_NVCC_FLAGS=$ABB_FLAGS (B); ABB_TEST (pytest -k expression) tests B first;
+#   then the benchmark (AB_ARGS) runs ABB_ROUNDS times per side, sides alternating. B stays installed.
 # policy: tune, then measure the policy's picks against the best config per shape.
 # ab: the benchmark (flashop.bench, its own runner and peers) once per config named in AB_CONFIGS, then the
 #   tuner's timing of the same shapes, so the two harnesses can be compared on one machine; AB_ARGS
@@ -82,6 +86,24 @@ if has ab; then
     python3 -m flashop.tune --dry-run $(echo "${AB_ARGS:-}" | sed 's/--modes [a-z+]*//') 2>&1 | tr '\r' '\n' \
       | grep "picked" | tee -a "$OUT/ab.log" | cut -c1-400
   fi
+fi
+if has abbuild; then
+  step "a/b across builds: B = FLASHOP_SM90_NVCC_FLAGS='${ABB_FLAGS:?ABB_FLAGS names the experiment flags}'"
+  so=$(ls flashop/_C_sm90*.so) && mkdir -p /tmp/abb && cp "$so" /tmp/abb/A.so
+  FLASHOP_SM90_NVCC_FLAGS="$ABB_FLAGS" MAX_JOBS=$(nproc) python3 setup.py build_ext --inplace > "$OUT/build_b.log" 2>&1 \
+    || { tail -50 "$OUT/build_b.log"; exit 1; }
+  grep -E "Compiling entry|registers|spill" "$OUT/build_b.log" | sed 's/^ptxas info *: //' > "$OUT/ptxas_b.txt" || true
+  cp "$so" /tmp/abb/B.so
+  if [ -n "${ABB_TEST:-}" ]; then
+    python3 -m pytest -q -x tests -k "$ABB_TEST" 2>&1 | tail -3 || status=1
+  fi
+  for round in $(seq "${ABB_ROUNDS:-2}"); do
+    for side in A B; do
+      cp "/tmp/abb/$side.so" "$so"
+      python3 -m flashop.bench --device cuda --modes fwd ${AB_ARGS:-} 2>&1 | grep "^| [bf]" \
+        | sed "s/^/$side$round /" | tee -a "$OUT/abb.log"
+    done
+  done
 fi
 if has policy; then
   step "policy vs best (tunes into a scratch cache)"

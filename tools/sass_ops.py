@@ -2,9 +2,13 @@
 every given substring: what a change did to the instructions (fences, barriers, HGMMA, TMA).
 
     cuobjdump -sass flashop/_C_sm90*.so | python3 tools/sass_ops.py Li176ELb1ELb1ELb0ELb0ELi2ELb1E [--ops MEMBAR SYNCS]
+
+--order prints the selected opcodes in program order instead (runs of one opcode as "OP xN"), e.g. where
+the spill loads and stores (LDL, STL) sit between the HGMMAs and barriers of the main loop.
 """
 import argparse
 import collections
+import itertools
 import re
 import sys
 
@@ -20,9 +24,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("patterns", nargs="+", help="substrings of the mangled kernel name")
     parser.add_argument("--ops", nargs="*", default=None, help="opcode prefixes to show (default: all)")
+    parser.add_argument("--order", action="store_true", help="the selected opcodes in program order")
     args = parser.parse_args()
     for name, ops in kernels(sys.stdin.read()):
         if not all(p in name for p in args.patterns):
+            continue
+        selected = [op for op in ops if args.ops is None or any(op.startswith(prefix) for prefix in args.ops)]
+        if args.order:
+            runs = [(op, len(list(group))) for op, group in itertools.groupby(selected)]
+            print(f"{name[:160]}: {len(ops)} instructions")
+            print("  " + ", ".join(op if n == 1 else f"{op} x{n}" for op, n in runs))
             continue
         counts = collections.Counter(ops)
         shown = {op: n for op, n in sorted(counts.items())

@@ -65,6 +65,11 @@
 #include "primitives.cuh"
 #include "wgmma.cuh"
 
+// A/B switch of the narrow last key tile (see fwd_sm90_body); on unless built with it set to 0.
+#ifndef FLASHOP_SM90_NARROW_LAST
+#define FLASHOP_SM90_NARROW_LAST 1
+#endif
+
 namespace flashop {
 namespace sm90 {
 
@@ -199,6 +204,43 @@ __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   x += __shfl_xor_sync(0xffffffffu, x, 2);
   return x;
+}
+
+// S = Q K^T for one consumer warpgroup's 64 rows (issued and committed, not waited for) as an N = kN
+// wgmma: the first kN / 8 n8 blocks of sacc (the m64nNk16 accumulator layout is the same for every N,
+// block by block). q_rows: the warpgroup's rows of the Q tile; k_stage: the K tile (B_c rows).
+template <class T, int kN>
+__device__ __forceinline__ void issue_s_wgmma(float (&sacc)[T::kBlockN / 2], uint32_t q_rows, uint32_t k_stage) {
+  static_assert(kN <= T::kBlockN, "S columns within the tile");
+  fence_regs(sacc);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
+    const int b = kk / 4, t = kk % 4;
+    const uint64_t da = make_desc_sw128(q_rows + b * T::kQBlockBytes + t * 32, 16, 1024);
+    const uint64_t db = make_desc_sw128(k_stage + b * T::kKVBlockBytes + t * 32, 16, 1024);
+    wgmma_ss<T::kBf16, kN, 0>(reinterpret_cast<float(&)[kN / 2]>(sacc), da, db, kk > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+}
+
+// O += P V over the first 16 kSteps keys of the V tile v_stage (issued and committed, not waited
+// for). V: keys x D, D contiguous -> MN-major B; N = D spans D/64 column blocks kKVBlockBytes apart =
+// LBO (the wgmma walks block n/64 at start + (n/64) * LBO); 8 keys per 1024-byte atom = SBO. k16
+// step t = keys 16t..16t+15 = two atoms = start + 2048 t, and t < B_c/16 stays inside the first
+// column block (B_c * 128 bytes).
+template <class T, int kSteps>
+__device__ __forceinline__ void issue_pv_wgmma(float (&o)[T::kHeadDim / 2],
+                                               const uint32_t (&pa)[T::kBlockN / 16][4], uint32_t v_stage) {
+  static_assert(kSteps <= T::kBlockN / 16, "keys within the tile");
+  fence_regs(o);
+  wgmma_fence();
+#pragma unroll
+  for (int t = 0; t < kSteps; ++t) {
+    const uint64_t db = make_desc_sw128(v_stage + t * 2048, T::kKVBlockBytes, 1024);
+    wgmma_rs<T::kBf16, T::kHeadDim, 1>(o, pa[t], db, 1);
+  }
+  wgmma_commit();
 }
 
 // Number of key tiles the CTA visits (identical for producer and consumers).
@@ -435,35 +477,31 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   const float sl2 = p.scale_log2;
   const int diag = p.seqlen_k - p.seqlen_q;  // query i sees key j iff j <= i + diag
 
-  // S = Q K_j^T for this warpgroup's 64 rows (issued, not waited for).
+  // Narrow last key tile: a tile's last key tile often holds fewer than B_c visible keys (2048 keys
+  // in 192-key tiles: 11 tiles, the last with 128). There P V runs only over the 64-key blocks that
+  // hold a key some row of this warpgroup sees (64, 128 or B_c keys): the P of every key past them
+  // is 0 (masked to -inf), so the skipped k-steps would have added 0.
+  constexpr bool kNarrowLast = FLASHOP_SM90_NARROW_LAST && kBN >= 128;
+  // S = Q K_j^T for this warpgroup's rows, always over the whole tile (a narrower S wgmma on the
+  // last tile made ptxas serialise every wgmma of the kernel, C7511: the accumulator registers of
+  // the alternative widths).
   auto issue_s = [&](float (&sacc)[kBN / 2], int s) {
-    fence_regs(sacc);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const int b = kk / 4, t = kk % 4;
-      const uint64_t da =
-          make_desc_sw128(sQ + b * T::kQBlockBytes + c * 64 * 128 + t * 32, 16, 1024);
-      const uint64_t db =
-          make_desc_sw128(sK + s * T::kKVBytes + b * T::kKVBlockBytes + t * 32, 16, 1024);
-      wgmma_ss<T::kBf16, kBN, 0>(sacc, da, db, kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
+    issue_s_wgmma<T, kBN>(sacc, sQ + c * 64 * 128, sK + s * T::kKVBytes);
   };
-  // O += P V_j   (V: keys x D, D contiguous -> MN-major B; N = D spans D/64
-  // column blocks kKVBlockBytes apart = LBO (2 at D = 128, 4 at D = 256: the
-  // wgmma walks block n/64 at start + (n/64) * LBO); 8 keys per 1024-byte atom =
-  // SBO). k16 step t = keys 16t..16t+15 = two atoms = start + 2048 t, and
-  // t < B_c/16 stays inside the first column block (B_c * 128 bytes).
-  auto issue_pv = [&](const uint32_t (&pa)[kBN / 16][4], int s) {
-    fence_regs(o);
-    wgmma_fence();
-#pragma unroll
-    for (int t = 0; t < kBN / 16; ++t) {
-      const uint64_t db = make_desc_sw128(sV + s * T::kKVBytes + t * 2048, T::kKVBlockBytes, 1024);
-      wgmma_rs<T::kBf16, kD, 1>(o, pa[t], db, 1);
+  // O += P V_j over the first `width` keys of the tile (rounded up to 64; B_c unless narrowed).
+  auto issue_pv = [&](const uint32_t (&pa)[kBN / 16][4], int s, int width) {
+    if constexpr (kNarrowLast) {
+      if (width <= 64) return issue_pv_wgmma<T, 4>(o, pa, sV + s * T::kKVBytes);
+      if (kBN > 128 && width <= 128) return issue_pv_wgmma<T, 8>(o, pa, sV + s * T::kKVBytes);
     }
-    wgmma_commit();
+    issue_pv_wgmma<T, kBN / 16>(o, pa, sV + s * T::kKVBytes);
+  };
+  // Keys of the tile's last key tile that some row of this warpgroup sees (<= 0: none; its P is
+  // then all 0). Computed where needed rather than kept live through the loop.
+  auto last_tile_keys = [&]() {
+    int key_end = p.seqlen_k;
+    if (p.causal) key_end = min(key_end, min(q_tile * kBM + 64 * c + 63, p.seqlen_q - 1) + diag + 1);
+    return key_end - (n_tiles - 1) * kBN;
   };
   // Keys past Sk, and (causal) keys past the diagonal, become -inf.
   auto mask = [&](float (&sacc)[kBN / 2], int j) {
@@ -635,8 +673,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         mbar_wait(bar_full_k(s), (g / T::kStages) & 1);
         mbar_wait(bar_full_v(sp), ((g - 1) / T::kStages) & 1);
         wait_turn();
-        issue_s(sacc, s);   // S_j = Q K_j^T
-        issue_pv(pa, sp);   // O += P_{j-1} V_{j-1}
+        issue_s(sacc, s);        // S_j = Q K_j^T
+        issue_pv(pa, sp, kBN);   // O += P_{j-1} V_{j-1}
         pass_turn(j == n_tiles - 1);
         wgmma_wait<1>();    // S_j done (PV may still run): K_j's slot is free
         fence_regs(sacc);
@@ -657,7 +695,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       const auto gl = g0 + (n_tiles - 1);
       const int sl = gl % T::kStages;
       mbar_wait(bar_full_v(sl), (gl / T::kStages) & 1);
-      issue_pv(pa, sl);
+      issue_pv(pa, sl, kNarrowLast ? last_tile_keys() : kBN);
       wgmma_wait<0>();  // also: every wgmma of this warpgroup (reads of Q) is complete
       fence_regs(o);
       release_kv(bar_empty_v(sl));
