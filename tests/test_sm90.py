@@ -248,32 +248,6 @@ def test_scores_that_grow_along_keys(name, causal, rate):
     check(name, q.to(dtype), k.to(dtype), v.to(dtype), causal, atol=3e-2 if dtype == torch.bfloat16 else 6e-3)
 
 
-def ctas_per_sm(name):
-    return 3 if ".cta3" in name else 2 if ".br64." in name else 1
-
-
-@pytest.mark.parametrize("name", CONFIGS)
-def test_split_tail(name):
-    """A last wave of 3 tiles (slots + 3 tiles, slots = SMs x CTAs per SM): the one-tile-per-CTA kernels
-    split those tiles along the keys over the idle slots and merge the pieces in a second kernel; the
-    persistent and multicast kernels, and causal problems, never split."""
-    if name not in built():
-        pytest.skip(f"{name} not built")
-    dtype, D, B_r, B_c = parse(name)
-    slots = torch.cuda.get_device_properties(0).multi_processor_count * ctas_per_sm(name)
-    Sq, Sk, H = B_r - 5, 16 * B_c + 7, slots + 3  # one query tile per head, ragged; slots + 3 tiles
-    key_tiles = -(-Sk // B_c)  # 17: long enough to split, in pieces of at least 3 key tiles
-    splits = sm90.split_plan(name, 1, Sq, Sk, H, False)
-    if ".pers" in name or ".mc." in name:
-        assert splits == (0, 0)
-        return
-    assert splits == (3, min(slots // 3, key_tiles // 3))
-    assert sm90.split_plan(name, 1, Sq, 15 * B_c, H, False) == (0, 0)  # 15 key tiles: too short to split
-    assert sm90.split_plan(name, 1, Sq, Sk, H, True) == (0, 0)
-    q, k, v = rand(1, Sq, H, D, dtype), rand(1, Sk, H, D, dtype), rand(1, Sk, H, D, dtype)
-    check(name, q, k, v, False)
-
-
 @pytest.mark.parametrize("name", TMA_STORE_CONFIGS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(

@@ -18,7 +18,6 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, heads_q, heads_k)
     (2, 33, 150, 4, 2),
     (3, 40, 2100, 4, 2),  # 17 key tiles of 128: the backward lpt block groups (csrc/cuda/bwd_config.h)
     (1, 256, 300, 2, 1),  # two query tiles (B_r 128 or 192): the ".mc" kernels run as a cluster pair (non-causal)
-    (1, 60, 3100, 135, 135),  # 135 tiles on 132 SMs: the one-tile-per-CTA sm90 kernels split the last 3 (non-causal)
 ]
 
 

@@ -42,15 +42,6 @@ struct FwdParams {
   float scale;       // softmax_scale (> 0; the glue folds a negative scale into q)
   float scale_log2;  // softmax_scale * log2(e): exp(x*scale) = exp2(x*scale_log2)
   bool causal;       // bottom-right aligned: query i sees key j iff j <= i + Sk - Sq
-
-  // Split tail (sm90 one-tile-per-CTA kernels): scratch of fwd_split_workspace_bytes bytes where the
-  // kernel's split plan asks for it (the glue allocates it), else null. The launcher carves it into
-  // split_o / split_lse and fills split_tiles / splits; 0 / null everywhere else.
-  void* workspace;
-  int split_tiles;   // the last split_tiles query tiles of the grid order are split along the keys
-  int splits;        // into this many CTAs each, over disjoint key-tile ranges
-  float* split_o;    // [split_tiles * splits][B_r][D] fp32: each CTA's O, normalised by its own l
-  float* split_lse;  // [split_tiles * splits][B_r]: each CTA's lse (natural log, -inf: no key)
 };
 
 inline uint32_t fwd_head_ratio_magic(int head_ratio) {

@@ -117,43 +117,13 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Ten
   const at::Tensor q = readable(fold_scale_into_q(q_in, scale));
   const at::Tensor k = readable(k_in);
   const at::Tensor v = readable(v_in);
-  FwdParams p = make_fwd_params(q, k, v, out, lse, dims, scale, causal);
-  // Scratch for the split tail (see Sm90FwdKernel::workspace_bytes); freed back to the caching
-  // allocator after the launch, which orders its reuse on this stream.
-  at::Tensor workspace;
-  if (const std::size_t bytes = kernel->workspace_bytes(p, nullptr, nullptr)) {
-    workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
-    p.workspace = workspace.data_ptr();
-  }
+  const FwdParams p = make_fwd_params(q, k, v, out, lse, dims, scale, causal);
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
   err = kernel->launch(p, stream);
   TORCH_CHECK(err == cudaSuccess, "flashop.forward: launching kernel '", kernel->name,
               "' failed: ", cudaGetErrorString(err));
   return {out, lse};
-}
-
-// The split-tail plan of a config for a problem shape on the current device: (split tiles, pieces per
-// tile), (0, 0) for none. For tests and the docs: the launch computes the same plan itself.
-std::tuple<int64_t, int64_t> split_plan(const std::string& config, int64_t batch, int64_t seqlen_q,
-                                        int64_t seqlen_k, int64_t heads_q, bool causal) {
-  const Sm90FwdKernel* kernel = find_kernel(config);
-  TORCH_CHECK(kernel != nullptr, "flashop split_plan: unknown kernel config '", config,
-              "'; built configs: ", built_config_list());
-  const int64_t limit = std::numeric_limits<int>::max();
-  TORCH_CHECK(batch > 0 && seqlen_q > 0 && seqlen_k > 0 && heads_q > 0 && batch <= limit &&
-                  seqlen_q <= limit && seqlen_k <= limit && heads_q <= limit,
-              "flashop split_plan: batch, seqlen_q, seqlen_k and heads_q must be in [1, 2^31)");
-  FwdParams p{};
-  p.batch = static_cast<int>(batch);
-  p.seqlen_q = static_cast<int>(seqlen_q);
-  p.seqlen_k = static_cast<int>(seqlen_k);
-  p.heads_q = static_cast<int>(heads_q);
-  p.headdim = kernel->headdim;
-  p.causal = causal;
-  int split_tiles = 0, splits = 0;
-  kernel->workspace_bytes(p, &split_tiles, &splits);
-  return {split_tiles, splits};
 }
 
 std::vector<std::string> built_configs() {
@@ -242,10 +212,6 @@ PYBIND11_MODULE(_C_sm90, m) {
         "Names of the sm90 forward kernel configs compiled into this module.");
   m.def("config_smem", &flashop::sm90::config_smem, py::arg("name"),
         "Dynamic shared memory per block (bytes) of a built sm90 config.");
-  m.def("split_plan", &flashop::sm90::split_plan, py::arg("config"), py::arg("batch"), py::arg("seqlen_q"),
-        py::arg("seqlen_k"), py::arg("heads_q"), py::arg("causal"),
-        "The split tail a forward launch of this config plans on the current device for these sizes: "
-        "(query tiles split along the keys, CTAs per split tile); (0, 0) when it runs unsplit.");
   m.def("backward", &flashop::sm90::backward, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("out"), py::arg("softmax_lse"), py::arg("softmax_scale"), py::arg("causal"),
         py::arg("deterministic"), py::arg("config"),

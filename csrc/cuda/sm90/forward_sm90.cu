@@ -7,7 +7,6 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "fwd_kernel.cuh"
@@ -18,72 +17,9 @@ namespace flashop {
 namespace sm90 {
 namespace {
 
-// Grid of the one-tile-per-CTA launches: (query tiles, Hq, B), or 1-D with the split tail (whole
-// tiles, then split_tiles x splits pieces; the kernel decodes it in the same tile order).
 template <class T>
-dim3 fwd_grid(const FwdParams& p, int q_tiles) {
-  if (p.splits == 0) return dim3(q_tiles, p.heads_q, p.batch);
-  const int64_t tiles = static_cast<int64_t>(q_tiles) * p.heads_q * p.batch;
-  return dim3(static_cast<unsigned>(tiles - p.split_tiles + static_cast<int64_t>(p.split_tiles) * p.splits));
-}
-
-// The split tail. One tile per CTA, tiles of equal length (non-causal): the grid runs in waves of
-// `slots` = SMs x CTAs per SM tiles, and a last wave of a few tiles leaves the other SMs idle for a
-// whole tile's time (4096 tiles on 132 SMs: 31 waves + 4 tiles, 3% of the run). Then those tiles are
-// split along the keys into `splits` CTAs each (as many as the idle slots hold, at most one per key
-// tile), and fwd_split_combine merges the pieces. Not for the persistent kernels (their own tile
-// walk), multicast (pairs walk the same keys) or causal problems (unequal tiles, longest first).
-#ifndef FLASHOP_SM90_SPLIT_TAIL  // A/B switch: built with it set to 0, no launch splits
-#define FLASHOP_SM90_SPLIT_TAIL 1
-#endif
-template <class T>
-std::size_t split_workspace_bytes(const FwdParams& p, int* split_tiles, int* splits) {
-  if (split_tiles) *split_tiles = 0;
-  if (splits) *splits = 0;
-  if (!FLASHOP_SM90_SPLIT_TAIL || T::kPersistent || T::kMulticast || p.causal || p.seqlen_q <= 0 || p.seqlen_k <= 0) return 0;
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {
-    cudaGetLastError();  // a failed query only means no split
-    return 0;
-  }
-  const int64_t q_tiles = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
-  const int64_t tiles = q_tiles * p.heads_q * p.batch;
-  const int64_t slots = static_cast<int64_t>(sms) * T::kCtasPerSm;
-  const int64_t last_wave = tiles % slots;
-  // Only a short last wave after at least one full one; a longer one gains less than the split costs.
-  if (tiles <= slots || last_wave == 0 || 2 * last_wave > slots) return 0;
-  // Pieces of at least kSplitMinKeyTiles key tiles, of tiles of at least kSplitFromKeyTiles: a CTA's
-  // fixed cost (Q and first K/V loads, the first S alone, the epilogue) is about two key tiles' time,
-  // and the combine kernel adds a launch. Measured (H100, d128, 192-key tiles, 132 SMs, last wave of 4):
-  // one key tile per piece lost 1-1.5% at 1k-2k keys and gained nothing at 4k-8k; 2.6 per piece gained
-  // 2.5% at 16k.
-  constexpr int64_t kSplitMinKeyTiles = 3, kSplitFromKeyTiles = 16;
-  const int64_t key_tiles = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
-  if (key_tiles < kSplitFromKeyTiles) return 0;
-  const int64_t n = std::min<int64_t>(slots / last_wave, key_tiles / kSplitMinKeyTiles);
-  if (n < 2 || tiles - last_wave + last_wave * n >= (int64_t(1) << 31)) return 0;
-  if (split_tiles) *split_tiles = static_cast<int>(last_wave);
-  if (splits) *splits = static_cast<int>(n);
-  return static_cast<std::size_t>(last_wave * n) * T::kBlockM * (T::kHeadDim + 1) * sizeof(float);
-}
-
-template <class T>
-cudaError_t launch_fwd(const FwdParams& p_in, cudaStream_t stream) {
-  if (p_in.headdim != T::kHeadDim) return cudaErrorInvalidValue;
-  FwdParams p = p_in;
-  p.split_tiles = p.splits = 0;
-  p.split_o = p.split_lse = nullptr;
-  if (p.workspace != nullptr) {
-    int split_tiles = 0, splits = 0;
-    split_workspace_bytes<T>(p, &split_tiles, &splits);
-    if (splits > 0) {
-      p.split_tiles = split_tiles;
-      p.splits = splits;
-      p.split_o = static_cast<float*>(p.workspace);
-      p.split_lse = p.split_o + static_cast<int64_t>(split_tiles) * splits * T::kBlockM * T::kHeadDim;
-    }
-  }
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  if (p.headdim != T::kHeadDim) return cudaErrorInvalidValue;
   const int q_tiles = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   // Multicast configs run as clusters of two adjacent query tiles of one head when both walk the same
   // key tiles (non-causal) and the tiles pair up (an even count); then each CTA's K/V box is half a
@@ -106,7 +42,8 @@ cudaError_t launch_fwd(const FwdParams& p_in, cudaStream_t stream) {
     // The attribute is per device; setting it on every launch is cheap and safe.
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
     if (err != cudaSuccess) return err;
-    kernel<<<fwd_grid<T>(p, q_tiles), T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, p);
+    const dim3 grid(q_tiles, p.heads_q, p.batch);
+    kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, p);
   } else {
     // O: always a fresh contiguous (B, Sq, Hq, D) tensor (allocate_forward_outputs),
     // 16-byte aligned, strides (Sq*Hq*D, Hq*D, D) elements: multiples of 16 bytes.
@@ -125,7 +62,7 @@ cudaError_t launch_fwd(const FwdParams& p_in, cudaStream_t stream) {
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared);
     if (err != cudaSuccess) return err;
-    dim3 grid = fwd_grid<T>(p, q_tiles);
+    dim3 grid(q_tiles, p.heads_q, p.batch);
     if constexpr (T::kPersistent) {
       // One CTA per SM (384 threads x 168 registers and the smem allow only
       // one), each walking tiles blockIdx.x, +gridDim.x, ... (fwd_kernel.cuh;
@@ -159,11 +96,6 @@ cudaError_t launch_fwd(const FwdParams& p_in, cudaStream_t stream) {
       return cudaLaunchKernelEx(&config, kernel, tq, tk, tv, to, p);
     }
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, to, p);
-  }
-  if (p.splits > 0) {
-    cudaError_t launched = cudaGetLastError();
-    if (launched != cudaSuccess) return launched;
-    fwd_split_combine<T><<<p.split_tiles * kCombineBlocks<T>, 128, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
@@ -248,9 +180,8 @@ using Fp16D128Bc192McTmao = Sm90FwdTraits<false, 128, 128, 192, true, true, fals
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
-  return Sm90FwdKernel{name,        &launch_fwd<T>, &split_workspace_bytes<T>,
-                       T::kBf16 ? DType::kBf16 : DType::kFp16,
-                       T::kHeadDim, T::kBlockM,     T::kBlockN,
+  return Sm90FwdKernel{name,          &launch_fwd<T>, T::kBf16 ? DType::kBf16 : DType::kFp16,
+                       T::kHeadDim,   T::kBlockM,     T::kBlockN,
                        T::kSmemBytes, T::kThreads};
 }
 

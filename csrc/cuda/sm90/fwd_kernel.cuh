@@ -28,8 +28,11 @@
 //       shared memory (128B swizzle) -> fence.proxy.async -> named barrier 3+c
 //       -> one thread: TMA store (box 64 rows, clipped at Sq), wait for the read.
 //   kPersistent ("pers", implies kTmaStore): grid = #SMs, each CTA walks tiles
-//     blockIdx.x, +gridDim.x, ...; the K/V ring's load counter and the q_full /
-//     q_empty phases run on across tiles (see fwd_sm90_body).
+//     blockIdx.x, +gridDim.x, ...; the K/V ring's load counter, the q_full /
+//     q_empty phases and the consumers' ping-pong run on across tiles (see
+//     fwd_sm90_body), so one consumer starts tile k+1 while the other stores tile k.
+//   B_c > 128: the last key tile's P V runs only over the 64-key blocks that hold
+//     a visible key (the "narrow last key tile").
 //   kLongestFirst ("pers.lpt", implies kPersistent): the same kernel, tiles
 //     numbered with the query tile varying slowest (longest causal tiles of all
 //     heads first), so every step of the static stride hands the CTAs tiles of
@@ -326,15 +329,11 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // The current tile. Non-persistent: one per CTA, highest query tiles first
   // (under causal masking they see the most keys).
   int q_tile = 0, head = 0, batch = 0, n_tiles = 0;
-  // First key tile of the CTA's range: 0, except for a piece of a split tile.
-  int key_tile0 = 0;
   if constexpr (!T::kPersistent) {
-    if (p.splits == 0) {
-      q_tile = gridDim.x - 1 - blockIdx.x;
-      head = blockIdx.y;
-      batch = blockIdx.z;
-      n_tiles = num_key_tiles<T>(p, q_tile);
-    }
+    q_tile = gridDim.x - 1 - blockIdx.x;
+    head = blockIdx.y;
+    batch = blockIdx.z;
+    n_tiles = num_key_tiles<T>(p, q_tile);
   }
   // Persistent: tile t -> (q_tile, head, batch, n_tiles); see above. The host
   // guarantees n_q_tiles * Hq * B + gridDim.x < 2^31. set_tile runs only for
@@ -358,31 +357,6 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     }
     n_tiles = num_key_tiles<T>(p, q_tile);
   };
-  // Split tail (one tile per CTA, 1-D grid; see fwd_split_combine): blocks below total_tiles -
-  // split_tiles are whole tiles t = blockIdx.x in the order of the 3-D grid (query tile fastest,
-  // reversed); the rest are pieces: split_slot = block - whole, tile whole + split_slot / splits,
-  // key tiles [piece n / splits, (piece + 1) n / splits) of its n (the host plans splits <= n,
-  // non-causal only, so every piece has keys).
-  // The piece's index among all pieces (split_o / split_lse slot), or -1 for a whole tile;
-  // recomputed where needed (the epilogue) rather than held in a register through the loop.
-  auto split_slot = [&]() -> int {
-    if constexpr (T::kPersistent) return -1;
-    const int whole = total_tiles - p.split_tiles;
-    return p.splits > 0 && static_cast<int>(blockIdx.x) >= whole ? static_cast<int>(blockIdx.x) - whole : -1;
-  };
-  if constexpr (!T::kPersistent) {
-    if (p.splits > 0) {
-      const int whole = total_tiles - p.split_tiles;
-      const int b = blockIdx.x;
-      set_tile(b < whole ? b : whole + (b - whole) / p.splits);
-      if (b >= whole) {
-        const int piece = (b - whole) % p.splits;
-        const int n = n_tiles;
-        key_tile0 = piece * n / p.splits;
-        n_tiles = (piece + 1) * n / p.splits - key_tile0;
-      }
-    }
-  }
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -432,14 +406,14 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         const CUtensorMap* map = is_v ? tm_v : tm_k;
         if (multicast) {
           const uint32_t half = cta_rank * T::kKVHalfBytes;
-          const int row = (key_tile0 + j) * kBN + static_cast<int>(cta_rank) * T::kKVHalfRows;
+          const int row = j * kBN + static_cast<int>(cta_rank) * T::kKVHalfRows;
 #pragma unroll
           for (int b = 0; b < T::kDBlocks; ++b)
             tma_load_4d_multicast(map, dst + b * T::kKVBlockBytes + half, full, b * 64, row, kv_head, batch, 0x3);
         } else {
 #pragma unroll
           for (int b = 0; b < T::kDBlocks; ++b)
-            tma_load_4d(map, dst + b * T::kKVBlockBytes, full, b * 64, (key_tile0 + j) * kBN, kv_head, batch);
+            tma_load_4d(map, dst + b * T::kKVBlockBytes, full, b * 64, j * kBN, kv_head, batch);
         }
       };
       // Item i of a tile's K/V sequence K_0, K_1, V_0, K_2, V_1, ..., K_{n-1}, V_{n-2}, V_{n-1}:
@@ -514,7 +488,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // in 192-key tiles: 11 tiles, the last with 128). There P V runs only over the 64-key blocks that
   // hold a key some row of this warpgroup sees (64, 128 or B_c keys): the P of every key past them
   // is 0 (masked to -inf), so the skipped k-steps would have added 0.
-  constexpr bool kNarrowLast = FLASHOP_SM90_NARROW_LAST && kBN >= 128;
+  // Only for B_c > 128 (176, 192), where it was measured (+1% at 2k keys, d128, B_c = 192): the 128-key
+  // builds measured 3-4% slower with it (d64 1k, d128 causal 2k-4k, H100) and keep the plain P V.
+  constexpr bool kNarrowLast = FLASHOP_SM90_NARROW_LAST && kBN > 128;
   // S = Q K_j^T for this warpgroup's rows, always over the whole tile (a narrower S wgmma on the
   // last tile made ptxas serialise every wgmma of the kernel, C7511: the accumulator registers of
   // the alternative widths).
@@ -534,11 +510,11 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   auto last_tile_keys = [&]() {
     int key_end = p.seqlen_k;
     if (p.causal) key_end = min(key_end, min(q_tile * kBM + 64 * c + 63, p.seqlen_q - 1) + diag + 1);
-    return key_end - (key_tile0 + n_tiles - 1) * kBN;
+    return key_end - (n_tiles - 1) * kBN;
   };
   // Keys past Sk, and (causal) keys past the diagonal, become -inf.
   auto mask = [&](float (&sacc)[kBN / 2], int j) {
-    const int key0 = (key_tile0 + j) * kBN;
+    const int key0 = j * kBN;
     const bool need_mask = (key0 + kBN > p.seqlen_k) ||
                            (p.causal && key0 + kBN - 1 > q_tile * kBM + 64 * c + diag);
     if (need_mask) {
@@ -746,22 +722,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
 
     // ------------------------------------------------------------ epilogue
     float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
-    if (const int slot = split_slot(); slot >= 0) {
-      // A piece of a split tile: its O (normalised by its own l) and lse, fp32, for fwd_split_combine.
-      float* o_part = p.split_o + (static_cast<int64_t>(slot) * kBM + row_in_tile) * kD;
-      float* lse_part = p.split_lse + static_cast<int64_t>(slot) * kBM + row_in_tile;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float sum = quad_sum(l[h]);
-        const bool seen = sum > 0.f;
-        const float inv = seen ? 1.f / sum : 0.f;
-#pragma unroll
-        for (int i = 0; i < kD / 8; ++i)
-          *reinterpret_cast<float2*>(o_part + 8 * h * kD + 8 * i + col_base) =
-              make_float2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
-        if ((lane % 4) == 0) lse_part[8 * h] = seen ? m[h] * p.scale + __logf(sum) : -INFINITY;
-      }
-    } else if constexpr (!T::kTmaStore) {
+    if constexpr (!T::kTmaStore) {
       Elem* out =
           reinterpret_cast<Elem*>(p.out) + batch * p.o_batch_stride + head * p.o_head_stride;
 #pragma unroll
@@ -876,63 +837,6 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
                          const __grid_constant__ FwdParams p) {
   static_assert(T::kTmaStore, "plain-store configs launch fwd_kernel_sm90");
   fwd_sm90_body<T>(&tm_q, &tm_k, &tm_v, &tm_o, p);
-}
-
-// Split tail, second pass: one thread per (row, 8 columns) of the split tiles, 128 threads a block,
-// kCombineBlocks blocks per split tile; split tile i is the (total - split_tiles + i)-th tile of the
-// grid order. Its pieces' O_s (each normalised by its own row sum) and lse_s merge as
-// lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s. Many small blocks: each thread's loop
-// over the pieces is bound by load latency, so the work must spread over the SMs.
-template <class T>
-constexpr int kCombineBlocks = T::kBlockM * (T::kHeadDim / 8) / 128;
-
-template <class T>
-__global__ void __launch_bounds__(128) fwd_split_combine(const __grid_constant__ FwdParams p) {
-#ifdef FLASHOP_SM90_ENABLED
-  constexpr int kBM = T::kBlockM, kD = T::kHeadDim, kChunks = kD / 8;
-  static_assert(kBM * kChunks % 128 == 0, "whole blocks per split tile");
-  using Elem = typename std::conditional<T::kBf16, __nv_bfloat16, __half>::type;
-  const int split_tile = blockIdx.x / kCombineBlocks<T>;
-  const int n_q = (p.seqlen_q + kBM - 1) / kBM;
-  const int t = n_q * p.heads_q * p.batch - p.split_tiles + split_tile;
-  const int hb = t / n_q;
-  const int q_tile = n_q - 1 - (t - hb * n_q);
-  const int batch = hb / p.heads_q;
-  const int head = hb - batch * p.heads_q;
-  const int item = (blockIdx.x % kCombineBlocks<T>) * 128 + threadIdx.x;
-  const int r = item / kChunks, d = (item % kChunks) * 8;
-  const int row = q_tile * kBM + r;
-  if (row >= p.seqlen_q) return;
-  const float* lse_s = p.split_lse + static_cast<int64_t>(split_tile) * p.splits * kBM + r;
-  const float* o_s = p.split_o + (static_cast<int64_t>(split_tile) * p.splits * kBM + r) * kD + d;
-  float mx = -INFINITY;
-#pragma unroll 4
-  for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, __ldg(lse_s + s * kBM));
-  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  float sum = 0.f;
-  if (mx != -INFINITY) {
-#pragma unroll 4
-    for (int s = 0; s < p.splits; ++s) {
-      const float w = __expf(__ldg(lse_s + s * kBM) - mx);
-      const float4 a = __ldg(reinterpret_cast<const float4*>(o_s + static_cast<int64_t>(s) * kBM * kD));
-      const float4 b = __ldg(reinterpret_cast<const float4*>(o_s + static_cast<int64_t>(s) * kBM * kD) + 1);
-      sum += w;
-      acc[0] += w * a.x, acc[1] += w * a.y, acc[2] += w * a.z, acc[3] += w * a.w;
-      acc[4] += w * b.x, acc[5] += w * b.y, acc[6] += w * b.z, acc[7] += w * b.w;
-    }
-  }
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
-  uint4 packed;
-  uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) words[e] = pack2<T::kBf16>(acc[2 * e] * inv, acc[2 * e + 1] * inv);
-  Elem* out = reinterpret_cast<Elem*>(p.out) + batch * p.o_batch_stride + head * p.o_head_stride +
-              static_cast<int64_t>(row) * p.o_row_stride + d;
-  *reinterpret_cast<uint4*>(out) = packed;  // out: contiguous, D a multiple of 8: 16-byte aligned
-  if (d == 0)
-    p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row] =
-        mx == -INFINITY ? -INFINITY : mx + __logf(sum);
-#endif
 }
 
 }  // namespace sm90

@@ -21,11 +21,6 @@ struct Sm90FwdKernel {
   // returns the status.
   // Needs: 16-byte aligned base pointers, strides (in bytes) multiples of 16.
   cudaError_t (*launch)(const FwdParams&, cudaStream_t);
-  // Bytes of FwdParams::workspace the launch needs for these params on the current device (0: none).
-  // The split tail: where the grid's last wave would hold only a few tiles, those tiles are split along
-  // the keys over the idle SMs and combined by a second kernel (fwd_kernel.cuh). *split_tiles and
-  // *splits (may be null) receive the plan.
-  std::size_t (*workspace_bytes)(const FwdParams&, int* split_tiles, int* splits);
   DType dtype;
   int headdim;
   int block_m;
