@@ -186,8 +186,8 @@ def test_built_configs():
         (1, 1024, 1024, 4, 4),
         (1, 352, 352, 2, 2),    # Sk = 2 x 176: no partial key tile at B_c = 176
         (1, 300, 177, 2, 2),    # one key past a 176-key tile: a second tile with a single live key
-        (1, 704, 704, 2, 2),    # 3 x 192 + 128: a narrow last key tile of exactly 128 keys (N = 128 S,
-                                # 8 P V k-steps); causal: each warpgroup's own last-tile width
+        (1, 704, 704, 2, 2),    # 3 x 192 + 128: a narrow last key tile of exactly 128 keys (P V in 8
+                                # k-steps); causal: each warpgroup's own last-tile width
     ],
 )
 def test_forward(name, causal, B, Sq, Sk, Hq, Hk):
@@ -231,10 +231,9 @@ def test_causal_zero_rows(name):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("rate", [0.25, 3.0])
 def test_scores_that_grow_along_keys(name, causal, rate):
-    """Raw scores ~ rate * key index (+ noise): the row max grows on every key tile. At 3.0 it grows by
-    more than the kernel's rescale slack (2^8 in P, i.e. 44-89 raw score units at d64-d256) on every
-    tile, at 0.25 only every few tiles, so both the kept and the moved reference (O and l rescaled)
-    run, against a float64 reference. Fixed bounds: scores of ~2000 make PyTorch's own low-precision
+    """Raw scores ~ rate * key index (+ noise): the row max grows on every key tile, so O and l are
+    rescaled on every tile, at 3.0 by factors far below 2^-8 (old keys' weight vanishes), at 0.25 by
+    factors near 1; against a float64 reference. Fixed bounds: scores of ~2000 make PyTorch's own low-precision
     reference (scores rounded to 16 bits) too coarse to bound the error; the kernel's own error is P and
     out rounded to 16 bits (|out| <= ~4: 4 x 2^-9 for bf16, 4 x 2^-11 for fp16, plus P's share)."""
     if name not in built():

@@ -35,9 +35,7 @@ def main():
             print(f"{name[:160]}: {len(ops)} instructions")
             print("  " + ", ".join(op if n == 1 else f"{op} x{n}" for op, n in runs))
             continue
-        counts = collections.Counter(ops)
-        shown = {op: n for op, n in sorted(counts.items())
-                 if args.ops is None or any(op.startswith(prefix) for prefix in args.ops)}
+        shown = dict(sorted(collections.Counter(selected).items()))
         print(f"{name[:160]}: {len(ops)} instructions")
         print("  " + ", ".join(f"{op} {n}" for op, n in shown.items()))
 

@@ -213,12 +213,10 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x;
 }
 
-// S = Q K^T for one consumer warpgroup's 64 rows (issued and committed, not waited for) as an N = kN
-// wgmma: the first kN / 8 n8 blocks of sacc (the m64nNk16 accumulator layout is the same for every N,
-// block by block). q_rows: the warpgroup's rows of the Q tile; k_stage: the K tile (B_c rows).
-template <class T, int kN>
+// S = Q K^T for one consumer warpgroup's 64 rows (issued and committed, not waited for).
+// q_rows: the warpgroup's rows of the Q tile; k_stage: the K tile (B_c rows).
+template <class T>
 __device__ __forceinline__ void issue_s_wgmma(float (&sacc)[T::kBlockN / 2], uint32_t q_rows, uint32_t k_stage) {
-  static_assert(kN <= T::kBlockN, "S columns within the tile");
   fence_regs(sacc);
   wgmma_fence();
 #pragma unroll
@@ -226,7 +224,7 @@ __device__ __forceinline__ void issue_s_wgmma(float (&sacc)[T::kBlockN / 2], uin
     const int b = kk / 4, t = kk % 4;
     const uint64_t da = make_desc_sw128(q_rows + b * T::kQBlockBytes + t * 32, 16, 1024);
     const uint64_t db = make_desc_sw128(k_stage + b * T::kKVBlockBytes + t * 32, 16, 1024);
-    wgmma_ss<T::kBf16, kN, 0>(reinterpret_cast<float(&)[kN / 2]>(sacc), da, db, kk > 0 ? 1 : 0);
+    wgmma_ss<T::kBf16, T::kBlockN, 0>(sacc, da, db, kk > 0 ? 1 : 0);
   }
   wgmma_commit();
 }
@@ -495,13 +493,13 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // last tile made ptxas serialise every wgmma of the kernel, C7511: the accumulator registers of
   // the alternative widths).
   auto issue_s = [&](float (&sacc)[kBN / 2], int s) {
-    issue_s_wgmma<T, kBN>(sacc, sQ + c * 64 * 128, sK + s * T::kKVBytes);
+    issue_s_wgmma<T>(sacc, sQ + c * 64 * 128, sK + s * T::kKVBytes);
   };
   // O += P V_j over the first `width` keys of the tile (rounded up to 64; B_c unless narrowed).
   auto issue_pv = [&](const uint32_t (&pa)[kBN / 16][4], int s, int width) {
     if constexpr (kNarrowLast) {
       if (width <= 64) return issue_pv_wgmma<T, 4>(o, pa, sV + s * T::kKVBytes);
-      if (kBN > 128 && width <= 128) return issue_pv_wgmma<T, 8>(o, pa, sV + s * T::kKVBytes);
+      if (width <= 128) return issue_pv_wgmma<T, 8>(o, pa, sV + s * T::kKVBytes);
     }
     issue_pv_wgmma<T, kBN / 16>(o, pa, sV + s * T::kKVBytes);
   };
