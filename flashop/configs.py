@@ -592,15 +592,23 @@ class HopperConfig:
         tiles = ELEMENT_BYTES * self.headdim * (2 * self.block_m + 2 * self.stages * self.block_n)
         return self.persistent and tiles + 8 * (2 + 4 * self.stages) + 1024 <= MAX_SMEM_BYTES
 
+    @property
+    def double_q(self) -> bool:
+        """With its own O tile, the persistent kernel also keeps two Q buffers where they fit (d64, and d128
+        at B_c = 128), so tile k+1's Q loads during tile k (Sm90FwdTraits::kDoubleQ)."""
+        tiles = ELEMENT_BYTES * self.headdim * (3 * self.block_m + 2 * self.stages * self.block_n)
+        return self.separate_o and tiles + 8 * (4 + 4 * self.stages) + 1024 <= MAX_SMEM_BYTES
+
     def smem_bytes(self) -> int:
-        """Q tile + stages x (K + V tiles) (+ the O staging tile when separate_o) + 1024 B alignment slack
-        + the mbarriers (csrc/cuda/sm90): q_full and, per stage, full and empty of K and of V (9 with 2
-        stages), one more (q_empty) in the persistent kernel.
+        """Q tile (two when double_q) + stages x (K + V tiles) (+ the O staging tile when separate_o) + 1024 B
+        alignment slack + the mbarriers (csrc/cuda/sm90): q_full and, per stage, full and empty of K and of
+        V (9 with 2 stages), one more (q_empty) in the persistent kernel, two more (the second Q buffer's
+        q_full and q_empty) when double_q.
         Otherwise the TMA-store epilogue reuses the Q tile. K/V column blocks are not padded: B_c * 128
         bytes is a multiple of the 1024-byte swizzle atom for every B_c (a multiple of 16); d128 B_c = 176:
         212 992 + 1024 + 72 (80) = 214 088 (214 096) bytes."""
-        barriers = 1 + 4 * self.stages + (1 if self.persistent else 0)
-        rows = self.block_m * (2 if self.separate_o else 1) + 2 * self.stages * self.block_n
+        barriers = 1 + 4 * self.stages + (1 if self.persistent else 0) + (2 if self.double_q else 0)
+        rows = self.block_m * (1 + self.separate_o + self.double_q) + 2 * self.stages * self.block_n
         return ELEMENT_BYTES * self.headdim * rows + 1024 + 8 * barriers
 
     @classmethod

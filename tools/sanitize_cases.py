@@ -18,6 +18,7 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, heads_q, heads_k)
     (2, 33, 150, 4, 2),
     (3, 40, 2100, 4, 2),  # 17 key tiles of 128: the backward lpt block groups (csrc/cuda/bwd_config.h)
     (1, 256, 300, 2, 1),  # two query tiles (B_r 128 or 192): the ".mc" kernels run as a cluster pair (non-causal)
+    (1, 520, 200, 64, 8),  # 320 query tiles (B_r 128), more than the SMs: a persistent CTA walks 2-3 tiles
 ]
 
 

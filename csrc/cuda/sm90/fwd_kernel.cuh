@@ -69,12 +69,22 @@
 #include "wgmma.cuh"
 
 // A/B switches (see fwd_sm90_body), on unless built with them set to 0: the narrow last key tile,
-// and the persistent kernel's ping-pong running on across tiles.
+// the persistent kernel's ping-pong running on across tiles, its deferred O store wait and its second
+// Q buffer.
 #ifndef FLASHOP_SM90_NARROW_LAST
 #define FLASHOP_SM90_NARROW_LAST 1
 #endif
 #ifndef FLASHOP_SM90_TURNS_ACROSS_TILES
 #define FLASHOP_SM90_TURNS_ACROSS_TILES 1
+#endif
+// Persistent kernel with its own O tile: the wait for the O store's read of the staging moves from the
+// end of tile k's epilogue to the start of tile k+1's (see the epilogue).
+#ifndef FLASHOP_SM90_DEFER_STORE_WAIT
+#define FLASHOP_SM90_DEFER_STORE_WAIT 1
+#endif
+// Persistent kernel with its own O tile, where a second Q buffer fits: Q of tile k+1 loads during tile k.
+#ifndef FLASHOP_SM90_DOUBLE_Q
+#define FLASHOP_SM90_DOUBLE_Q 1
 #endif
 
 namespace flashop {
@@ -150,14 +160,22 @@ struct Sm90FwdTraits {
   static constexpr int kKVHalfRows = kBlockN / 2;
   static constexpr int kKVHalfBytes = kKVHalfRows * 128;
   static_assert(kKVHalfBytes % 1024 == 0, "multicast half tiles start on a swizzle atom");
-  static constexpr int kQOff = 0;
-  static constexpr int kKOff = kQOff + kQBytes;
-  static constexpr int kVOff = kKOff + kStages * kKVBytes;
+  static constexpr int kKVRingBytes = 2 * kStages * kKVBytes;  // the K and the V ring
   // Persistent kernel with a separate O staging tile (where it fits: d64 and d128 at B_c = 128):
   // Q is then free once a tile's last S = Q K^T is complete, so the producer loads the next tile's Q
   // under the last P V and the epilogue instead of after the O store has read the staging.
   static constexpr bool kSeparateO =
-      kPersistent && kVOff + kStages * kKVBytes + kQBytes + 8 * (2 + 4 * kStages) + 1024 <= 227 * 1024;
+      kPersistent && 2 * kQBytes + kKVRingBytes + 8 * (2 + 4 * kStages) + 1024 <= 227 * 1024;
+  // And where a second Q buffer fits too (d64, and d128 at B_c = 128: 3 x 32 KiB + 128 KiB), tiles
+  // alternate between the two: the producer loads tile k+1's Q as soon as it has issued tile k's
+  // last K/V load, two key tiles or more before the consumers need it, instead of after tile k's
+  // last S (when the first consumer to finish tile k already wants it). Its own q_full / q_empty pair.
+  static constexpr bool kDoubleQ = kSeparateO && FLASHOP_SM90_DOUBLE_Q &&
+                                   3 * kQBytes + kKVRingBytes + 8 * (4 + 4 * kStages) + 1024 <= 227 * 1024;
+  static constexpr int kQBuffers = kDoubleQ ? 2 : 1;
+  static constexpr int kQOff = 0;
+  static constexpr int kKOff = kQOff + kQBuffers * kQBytes;
+  static constexpr int kVOff = kKOff + kStages * kKVBytes;
   static constexpr int kOOff = kVOff + kStages * kKVBytes;  // kSeparateO: same layout as the Q tile
   static constexpr int kBarOff = kOOff + (kSeparateO ? kQBytes : 0);
   // O staging (kTmaStore): consumer c, column block b at
@@ -172,8 +190,9 @@ struct Sm90FwdTraits {
                 "swizzle atoms");
   static_assert(kKOff % 1024 == 0 && kVOff % 1024 == 0 && kOOff % 1024 == 0 && kKVBytes % 1024 == 0,
                 "every K/V stage and column block starts 1024-byte aligned");
-  // barriers: q_full, full_k[S], full_v[S], empty_k[S], empty_v[S] (S = kStages; + q_empty when persistent)
-  static constexpr int kNumBars = 1 + 4 * kStages + (kPersistent ? 1 : 0);
+  // barriers: q_full, full_k[S], full_v[S], empty_k[S], empty_v[S] (S = kStages; + q_empty when persistent;
+  // + q_full and q_empty of the second Q buffer)
+  static constexpr int kNumBars = 1 + 4 * kStages + (kPersistent ? 1 : 0) + (kDoubleQ ? 2 : 0);
   static constexpr int kSmemUsed = kBarOff + 8 * kNumBars;
   static constexpr int kSmemBytes = kSmemUsed + 1024;  // + slack for 1024-byte alignment
   // sm_90 opt-in maximum per block (227 KiB). D = 256: Q 64 KiB + 2 x (K + V) 32 KiB each at
@@ -314,7 +333,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw_addr = smem_u32(smem_raw);
   const uint32_t base = (raw_addr + 1023u) & ~1023u;
-  const uint32_t sQ = base + T::kQOff;
+  // Q buffer, q_full and q_empty barrier of this CTA's tile number k (k = 0 without persistence).
+  auto q_buffer = [&](uint32_t k) { return base + T::kQOff + (T::kDoubleQ ? (k & 1) * T::kQBytes : 0); };
   const uint32_t sK = base + T::kKOff;
   const uint32_t sV = base + T::kVOff;
   const uint32_t bar_q = base + T::kBarOff;
@@ -322,7 +342,14 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   auto bar_full_v = [&](int s) { return bar_q + 8u * (1 + T::kStages + s); };
   auto bar_empty_k = [&](int s) { return bar_q + 8u * (1 + 2 * T::kStages + s); };
   auto bar_empty_v = [&](int s) { return bar_q + 8u * (1 + 3 * T::kStages + s); };
-  const uint32_t bar_q_empty = bar_q + 8u * (1 + 4 * T::kStages);  // kPersistent only
+  auto bar_q_full = [&](uint32_t k) { return T::kDoubleQ && (k & 1) ? bar_q + 8u * (2 + 4 * T::kStages) : bar_q; };
+  auto bar_q_empty = [&](uint32_t k) {  // kPersistent only
+    return bar_q + 8u * (T::kDoubleQ && (k & 1) ? 3 + 4 * T::kStages : 1 + 4 * T::kStages);
+  };
+  // The phase parity of tile k's q_full (consumers) and, for k >= kQBuffers, of the q_empty phase the
+  // producer waits for before it reloads the buffer: the buffer's use number k / kQBuffers.
+  auto q_full_parity = [&](uint32_t k) { return (k / T::kQBuffers) & 1; };
+  auto q_empty_parity = [&](uint32_t k) { return (k / T::kQBuffers - 1) & 1; };
 
   // The current tile. Non-persistent: one per CTA, highest query tiles first
   // (under causal masking they see the most keys).
@@ -370,7 +397,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     tma_prefetch_desc(tm_k);
     tma_prefetch_desc(tm_v);
     if constexpr (T::kTmaStore) tma_prefetch_desc(tm_o);
-    mbar_init(bar_q, 1);
+    mbar_init(bar_q_full(0), 1);
+    if constexpr (T::kDoubleQ) mbar_init(bar_q_full(1), 1);
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(bar_full_k(s), 1);
       mbar_init(bar_full_v(s), 1);
@@ -380,7 +408,10 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     }
     // q_empty: one arrival per consumer warpgroup after its O store has read the staging in Q, or
     // (kSeparateO) one per consumer warp after its last S of the tile.
-    if constexpr (T::kPersistent) mbar_init(bar_q_empty, T::kSeparateO ? 4 * T::kConsumerWGs : T::kConsumerWGs);
+    if constexpr (T::kPersistent) {
+      for (uint32_t k = 0; k < T::kQBuffers; ++k)
+        mbar_init(bar_q_empty(k), T::kSeparateO ? 4 * T::kConsumerWGs : T::kConsumerWGs);
+    }
     mbar_init_fence();
   }
   // Multicast: the peer's TMA and its consumers' arrivals reach this CTA's barriers, so both CTAs'
@@ -421,11 +452,12 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         const int j = i == 0 ? 0 : (i == 2 * n - 1 ? n - 1 : ((i & 1) ? (i + 1) / 2 : i / 2 - 1));
         load_tile(is_v, g0 + j, j, kv_head);
       };
-      auto load_q = [&]() {
-        mbar_arrive_expect_tx(bar_q, T::kQBytes);
+      auto load_q = [&](uint32_t k) {
+        const uint32_t full = bar_q_full(k);
+        mbar_arrive_expect_tx(full, T::kQBytes);
 #pragma unroll
         for (int b = 0; b < T::kDBlocks; ++b)
-          tma_load_4d(tm_q, sQ + b * T::kQBlockBytes, bar_q, b * 64, q_tile * kBM, head, batch);
+          tma_load_4d(tm_q, q_buffer(k) + b * T::kQBlockBytes, full, b * 64, q_tile * kBM, head, batch);
       };
       if constexpr (T::kPersistent) {
         uint32_t g0 = 0;  // K/V loads issued by this CTA before the current tile
@@ -433,6 +465,15 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         for (int t = blockIdx.x; t < total_tiles; t += gridDim.x, ++k) {
           set_tile(t);
           const int kv_head = head / p.head_ratio;
+          if constexpr (T::kDoubleQ) {
+            // Q first: its buffer was freed by tile k-2's last S, long before.
+            if (k >= 2) mbar_wait(bar_q_empty(k), q_empty_parity(k));
+            if (n_tiles > 0) load_q(k);
+            else mbar_arrive(bar_q_full(k));  // q_full phase without Q (hand-shake only)
+            for (int i = 0; i < 2 * n_tiles; ++i) load_item(g0, i, n_tiles, kv_head);
+            g0 += n_tiles;
+            continue;
+          }
           // K_0, K_1, V_0 do not wait for anything of this tile (their ring
           // slots are freed before the previous tile's epilogue): issue them
           // so that they load while the consumers still store the previous O.
@@ -440,9 +481,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
           for (int i = 0; i < pre; ++i) load_item(g0, i, n_tiles, kv_head);
           // Wait until both consumers are done with tile k-1's Q: their epilogue
           // is complete (the O staging lives in Q), or (kSeparateO) their last S.
-          if (k > 0) mbar_wait(bar_q_empty, (k - 1) & 1);
-          if (n_tiles > 0) load_q();
-          else mbar_arrive(bar_q);  // q_full phase k without Q (hand-shake only)
+          if (k > 0) mbar_wait(bar_q_empty(k), q_empty_parity(k));
+          if (n_tiles > 0) load_q(k);
+          else mbar_arrive(bar_q_full(k));  // q_full phase k without Q (hand-shake only)
           // K_2 onwards waits for slots that S_0, S_1, ... of this tile free
           // (they need Q, issued just above), V_1 onwards for P V of this tile.
           for (int i = pre; i < 2 * n_tiles; ++i) load_item(g0, i, n_tiles, kv_head);
@@ -450,7 +491,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         }
       } else if (n_tiles > 0) {
         const int kv_head = head / p.head_ratio;
-        load_q();
+        load_q(0);
         for (int i = 0; i < 2 * n_tiles; ++i) load_item(0, i, n_tiles, kv_head);
         if (multicast) {
           // The peer's consumers arrive on this CTA's empty barriers until their last P V: stay alive
@@ -492,6 +533,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // S = Q K_j^T for this warpgroup's rows, always over the whole tile (a narrower S wgmma on the
   // last tile made ptxas serialise every wgmma of the kernel, C7511: the accumulator registers of
   // the alternative widths).
+  uint32_t sQ = q_buffer(0);  // the current tile's Q buffer
   auto issue_s = [&](float (&sacc)[kBN / 2], int s) {
     issue_s_wgmma<T>(sacc, sQ + c * 64 * 128, sK + s * T::kKVBytes);
   };
@@ -625,6 +667,10 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     }
   };
 
+  // Only with the separate O tile: otherwise the staging is Q, which the producer needs back (q_empty)
+  // as early as possible for the next tile's load.
+  constexpr bool kDeferStoreWait = T::kSeparateO && FLASHOP_SM90_DEFER_STORE_WAIT;
+
   // The 128 threads of this consumer warpgroup (kTmaStore epilogue): named
   // barrier 3 (consumer 0) or 4 (consumer 1); 4, 5, 6 with three consumers.
   // Compile-time ids, so ptxas reserves 5 (7) barriers, not all 16.
@@ -640,8 +686,10 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   };
 
   // One tile: main loop and epilogue. g0: number of K/V loads of this CTA
-  // before this tile (0 without persistence); q_parity: phase parity of q_full.
-  auto run_tile = [&](auto g0, uint32_t q_parity) {
+  // before this tile (0 without persistence); k: the tile's number within this CTA (its Q buffer and
+  // q_full phase).
+  auto run_tile = [&](auto g0, uint32_t k) {
+    sQ = q_buffer(k);
     q_row0 = q_tile * kBM + row_in_tile;
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
@@ -650,13 +698,13 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     l[0] = 0.f;
     l[1] = 0.f;
     // Persistent: the q_full hand-shake happens on every tile (see above).
-    if constexpr (T::kPersistent) mbar_wait(bar_q, q_parity);
+    if constexpr (T::kPersistent) mbar_wait(bar_q_full(k), q_full_parity(k));
 
     if (n_tiles > 0) {
       if constexpr (kTurns && !kTurnsAcrossTiles) {
         if (c == kWGs - 1) named_bar_arrive<1, kTurnThreads>();
       }
-      if constexpr (!T::kPersistent) mbar_wait(bar_q, q_parity);
+      if constexpr (!T::kPersistent) mbar_wait(bar_q_full(k), q_full_parity(k));
 
       float sacc[kBN / 2];
       uint32_t pa[kBN / 16][4];
@@ -674,7 +722,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       fence_regs(sacc);
       release_kv(bar_empty_k(g0 % T::kStages));
       if constexpr (T::kSeparateO) {
-        if (n_tiles == 1) release(bar_q_empty);  // the tile's last read of Q
+        if (n_tiles == 1) release(bar_q_empty(k));  // the tile's last read of Q
       }
       mask(sacc, 0);
       softmax(sacc, corr);  // O is still 0: no rescale needed
@@ -694,7 +742,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         fence_regs(sacc);
         release_kv(bar_empty_k(s));
         if constexpr (T::kSeparateO) {
-          if (j == n_tiles - 1) release(bar_q_empty);  // the tile's last read of Q
+          if (j == n_tiles - 1) release(bar_q_empty(k));  // the tile's last read of Q
         }
         mask(sacc, j);
         softmax(sacc, corr);
@@ -715,7 +763,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       release_kv(bar_empty_v(sl));
     }
     if constexpr (T::kSeparateO) {
-      if (n_tiles == 0) release(bar_q_empty);  // no key tile: Q was not even loaded
+      if (n_tiles == 0) release(bar_q_empty(k));  // no key tile: Q was not even loaded
     }
 
     // ------------------------------------------------------------ epilogue
@@ -748,6 +796,14 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       // store has read it (persistent: wait_group.read + bar 3+c below). With
       // no key tile, Q was not loaded at all.
       const uint32_t stage = (T::kSeparateO ? base + T::kOOff : sQ) + c * T::kOStageBytes;
+      // Deferred store wait (persistent, own O tile): the previous tile's store of this warpgroup
+      // may still be reading the staging; wait here, just before it is written again, rather than
+      // at the end of that tile's epilogue, where the wait held the warpgroup (and, through the
+      // ping-pong, the other one's next turn) off the tensor cores for the store's whole read.
+      if constexpr (kDeferStoreWait) {
+        if (ctid == 0) tma_store_wait_read<0>();
+        epilogue_bar();
+      }
       // 128B swizzle: row r of a 64 x 64 box at r * 128, 16-byte chunk q at
       // (q ^ (r % 8)) * 16. This thread's rows r = 16 warp + lane/4 (+8):
       // r % 8 = lane / 4. n8 block i holds columns 8i + 2(lane%4) + {0,1}: column
@@ -785,14 +841,16 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
             tma_store_4d(tm_o, stage + b * T::kQBlockBytes, b * 64, orow0, head, batch);
           tma_store_commit();
           // Staging must stay valid (CTA alive; persistent: not overwritten)
-          // until the store has read it.
-          tma_store_wait_read<0>();
+          // until the store has read it (deferred: at the next tile's epilogue,
+          // or after the CTA's last tile).
+          if constexpr (!kDeferStoreWait) tma_store_wait_read<0>();
         }
-        if constexpr (T::kPersistent && !T::kSeparateO) mbar_arrive(bar_q_empty);  // tile's q_empty arrival
+        if constexpr (T::kPersistent && !T::kSeparateO) mbar_arrive(bar_q_empty(k));  // tile's q_empty arrival
       }
       // Persistent: nobody in this warpgroup writes the staging of the next
-      // tile before the store above has read this one.
-      if constexpr (T::kPersistent) epilogue_bar();
+      // tile before the store above has read this one (deferred: the barrier
+      // after the wait at the top of the next epilogue).
+      if constexpr (T::kPersistent && !kDeferStoreWait) epilogue_bar();
     }
   };
 
@@ -804,11 +862,15 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     }
     for (int t = blockIdx.x; t < total_tiles; t += gridDim.x, ++k) {
       set_tile(t);
-      run_tile(g0, k & 1);
+      run_tile(g0, k);
       g0 += n_tiles;
     }
     if constexpr (kTurnsAcrossTiles) {
       if (c == 0) named_bar_sync<1, kTurnThreads>();  // warpgroup 1's hand-over after its last turn
+    }
+    // The CTA's last store must have read the staging before the CTA exits.
+    if constexpr (kDeferStoreWait) {
+      if (ctid == 0) tma_store_wait_read<0>();
     }
   } else {
     run_tile(0, 0u);
