@@ -177,18 +177,21 @@ LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 1024)}
 # Seqlen_k (non-causal, causal) below which the persistent kernel with its own O staging tile (the next
 # tile's Q loads under the epilogue) is picked, causal in the longest-first tile order: few key tiles
 # per query tile, so the per-tile prologue and epilogue that it overlaps are a large share. In the
-# H200 tuner runs it was 4-11% ahead at d128 non-causal 512-1k and 2-9% at d64 512 (docs/hopper.md);
-# where it was ahead by less (d64 causal 1k, d128 2k), the benchmark's own timing disagreed, so those
-# keep one tile per CTA. d128 causal and d256 (no room for the O tile) always do.
-PERSISTENT_HOPPER_BELOW = {64: (1024, 1024), 128: (2048, 0)}
+# H200 tuner runs it was 4-11% ahead at d128 non-causal 512-1k and 2-9% at d64 512 (docs/hopper.md).
+# Since its second Q buffer (H100, 2026-11-23, the benchmark's runner, bf16 / fp16 TFLOP/s): d128
+# non-causal 1k 556 / 536 vs 497 / 482 for the 192-key tile, 2k 580 / 559 vs 574 / 559, 4k 591 / 565 vs
+# 600 / 583; d64 non-causal 512 (bf16) 362 vs 348 for three CTAs per SM. d128 causal and d256 (no room
+# for the O tile) keep one tile per CTA; d64 causal runs several CTAs per SM (below).
+PERSISTENT_HOPPER_BELOW = {64: (1024, 1024), 128: (4096, 0)}
 # Seqlen_k (non-causal, causal) below which several CTAs per SM of 64 query rows each (one consumer
 # warpgroup) are picked, ahead of the persistent kernel: one CTA's prologue and epilogue run under the
 # others' GEMMs. Three per SM where built ("cta3": d64), else two ("br64": d128). H100 (2026-11-22, the
 # benchmark's runner): d64 three CTAs 0.93-0.97x cuDNN at 512 (two: 0.81-0.87x, the 192-row tile
 # 0.66-0.86x), causal 1k 0.90-0.94x (two: 0.87x); from 1k non-causal and 2k causal the 192-row tile is
 # as fast or faster (non-causal 2k: 457 vs 400 TFLOP/s). H200 (run 12): d128 causal 512 two CTAs within
-# 2% of the fastest build.
-MULTI_CTA_HOPPER_BELOW = {64: (1024, 2048), 128: (0, 1024)}
+# 2% of the fastest build. d64 non-causal 512 runs the persistent kernel since its second Q buffer
+# (above).
+MULTI_CTA_HOPPER_BELOW = {64: (0, 2048), 128: (0, 1024)}
 # Seqlen_k from which non-causal problems run the K/V multicast build ("mc": clusters of two CTAs sharing
 # each K/V tile) of the one-tile-per-CTA pick. H200 tuner (run 12): the fastest build at d256 from 4k (the
 # one-tile kernel 0.96-0.98), d128 from 8k, d64 at 16k (1-2%); at 2k it was up to 3% behind or even.

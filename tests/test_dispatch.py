@@ -58,17 +58,18 @@ def test_policy_uses_small_query_tiles_when_the_gpu_would_idle():
 def test_hopper_variant_by_length():
     h100 = DEVICES["H100"]
     pick = lambda s, causal, d=128: dispatch.choose_config(h100, Problem("fp16", d, s, s, 64, causal), ALL_BUILT)[0]  # noqa: E731
-    # Short: three (d64) or two (d128 causal) CTAs of 64 query rows per SM, else the persistent kernel with
-    # its own O staging tile.
-    assert pick(512, False, 64) == pick(1024, True, 64) == "sm90.fp16.d64.br64.bc64.cta3.tmao"
+    # Short causal: three (d64) or two (d128) CTAs of 64 query rows per SM; short non-causal: the
+    # persistent kernel with its own O staging tile.
+    assert pick(512, True, 64) == pick(1024, True, 64) == "sm90.fp16.d64.br64.bc64.cta3.tmao"
     assert pick(512, True) == "sm90.fp16.d128.br64.bc64.tmao"
     # Without the three-CTA build, two CTAs per SM.
     no_cta3 = [n for n in ALL_BUILT if ".cta3." not in n]
-    assert dispatch.choose_config(h100, Problem("fp16", 64, 512, 512, 64, False), no_cta3)[0] == \
+    assert dispatch.choose_config(h100, Problem("fp16", 64, 512, 512, 64, True), no_cta3)[0] == \
         "sm90.fp16.d64.br64.bc128.tmao"
-    assert pick(512, False) == pick(1024, False) == "sm90.fp16.d128.br128.bc128.pers"
+    assert pick(512, False, 64) == "sm90.fp16.d64.br128.bc128.pers"
+    assert pick(512, False) == pick(1024, False) == pick(2048, False) == "sm90.fp16.d128.br128.bc128.pers"
     # Longer: one tile per CTA, the wider tiles from LARGE_HOPPER_TILE_FROM.
-    assert pick(2048, False) == pick(4096, False) == pick(8192, True) == pick(16384, True) == \
+    assert pick(4096, False) == pick(8192, True) == pick(16384, True) == \
         "sm90.fp16.d128.br128.bc192.tmao"  # wide key tiles
     assert pick(1024, True) == "sm90.fp16.d128.br128.bc128.tmao"
     assert pick(1024, False, 64) == pick(2048, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
