@@ -30,7 +30,9 @@
 //   kPersistent ("pers", implies kTmaStore): grid = #SMs, each CTA walks tiles
 //     blockIdx.x, +gridDim.x, ...; the K/V ring's load counter, the q_full /
 //     q_empty phases and the consumers' ping-pong run on across tiles (see
-//     fwd_sm90_body), so one consumer starts tile k+1 while the other stores tile k.
+//     fwd_sm90_body), so one consumer starts tile k+1 while the other stores tile k. With
+//     its own O tile (d64, d128 at B_c = 128) it also keeps two Q buffers (tile k+1's Q
+//     loads during tile k) and waits for an O store's read only before the next one.
 //   B_c > 128: the last key tile's P V runs only over the 64-key blocks that hold
 //     a visible key (the "narrow last key tile").
 //   kLongestFirst ("pers.lpt", implies kPersistent): the same kernel, tiles
@@ -322,6 +324,13 @@ __device__ __forceinline__ int num_key_tiles(const FwdParams& p, int q_tile) {
 //   q_empty phase k needs q_full phase k, which it has not yet completed: the
 //   barrier is at phase k-1 or k. (The q_full hand-shake on key-less tiles is
 //   what keeps consumers from running two q_empty phases ahead.)
+// T::kDoubleQ: tile k uses Q buffer k % 2 with its own q_full / q_empty pair, so
+//   each pair completes one phase per use of its buffer (use k / 2): consumers
+//   wait q_full parity (k / 2) & 1, the producer waits q_empty parity
+//   (k / 2 - 1) & 1 before it reloads the buffer (k >= 2), and the argument above
+//   holds per buffer. q_empty then only means "tile k's last S is complete" (the
+//   O staging has its own tile), so the producer issues Q_k first, right after
+//   tile k-1's last K/V load.
 template <class T>
 __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const CUtensorMap* tm_o,
