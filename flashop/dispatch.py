@@ -174,8 +174,8 @@ def heuristic_order(problem: "Problem") -> list:
 # 2026-11-22: 1-3% ahead of 176 keys from 2k non-causal, 2-3% at causal 8k-16k), 80 keys at d256. A causal
 # query tile sees fewer keys, so the larger tile pays off later.
 LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 1024)}
-# Seqlen_k (non-causal, causal) below which the persistent kernel with its own O staging tile (the next
-# tile's Q loads under the epilogue) is picked, causal in the longest-first tile order: few key tiles
+# Seqlen_k (non-causal, causal) below which the persistent kernel with its own O staging tile and two Q
+# buffers (the next tile's Q loads during the current one) is picked, causal in the longest-first tile order: few key tiles
 # per query tile, so the per-tile prologue and epilogue that it overlaps are a large share. In the
 # H200 tuner runs it was 4-11% ahead at d128 non-causal 512-1k and 2-9% at d64 512 (docs/hopper.md).
 # Since its second Q buffer (H100, 2026-11-23, the benchmark's runner, bf16 / fp16 TFLOP/s): d128

@@ -474,23 +474,16 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         for (int t = blockIdx.x; t < total_tiles; t += gridDim.x, ++k) {
           set_tile(t);
           const int kv_head = head / p.head_ratio;
-          if constexpr (T::kDoubleQ) {
-            // Q first: its buffer was freed by tile k-2's last S, long before.
-            if (k >= 2) mbar_wait(bar_q_empty(k), q_empty_parity(k));
-            if (n_tiles > 0) load_q(k);
-            else mbar_arrive(bar_q_full(k));  // q_full phase without Q (hand-shake only)
-            for (int i = 0; i < 2 * n_tiles; ++i) load_item(g0, i, n_tiles, kv_head);
-            g0 += n_tiles;
-            continue;
-          }
-          // K_0, K_1, V_0 do not wait for anything of this tile (their ring
-          // slots are freed before the previous tile's epilogue): issue them
-          // so that they load while the consumers still store the previous O.
-          const int pre = min(3, 2 * n_tiles);
+          // Two Q buffers: Q first, its buffer was freed by tile k-2's last S, long
+          // before. One: K_0, K_1, V_0 first, they do not wait for anything of this
+          // tile (their ring slots are freed before the previous tile's epilogue),
+          // so they load while the consumers still store the previous O.
+          const int pre = T::kDoubleQ ? 0 : min(3, 2 * n_tiles);
           for (int i = 0; i < pre; ++i) load_item(g0, i, n_tiles, kv_head);
-          // Wait until both consumers are done with tile k-1's Q: their epilogue
-          // is complete (the O staging lives in Q), or (kSeparateO) their last S.
-          if (k > 0) mbar_wait(bar_q_empty(k), q_empty_parity(k));
+          // Wait until both consumers are done with the buffer's previous tile
+          // (k-1, or k-2 with two buffers): their epilogue is complete (the O
+          // staging lives in Q), or (kSeparateO) their last S.
+          if (k >= T::kQBuffers) mbar_wait(bar_q_empty(k), q_empty_parity(k));
           if (n_tiles > 0) load_q(k);
           else mbar_arrive(bar_q_full(k));  // q_full phase k without Q (hand-shake only)
           // K_2 onwards waits for slots that S_0, S_1, ... of this tile free
@@ -802,8 +795,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       // these rows, are complete (wait_group 0 above; a wgmma's completion
       // includes an implicit generic-async proxy fence), the TMA write of Q
       // completed before they started (q_full), and the previous tile's TMA
-      // store has read it (persistent: wait_group.read + bar 3+c below). With
-      // no key tile, Q was not loaded at all.
+      // store has read it (persistent: wait_group.read + bar 3+c, below, or
+      // with the deferred wait just below). With no key tile, Q was not loaded
+      // at all.
       const uint32_t stage = (T::kSeparateO ? base + T::kOOff : sQ) + c * T::kOStageBytes;
       // Deferred store wait (persistent, own O tile): the previous tile's store of this warpgroup
       // may still be reading the staging; wait here, just before it is written again, rather than
