@@ -599,6 +599,13 @@ class HopperConfig:
         tiles = ELEMENT_BYTES * self.headdim * (3 * self.block_m + 2 * self.stages * self.block_n)
         return self.separate_o and tiles + 8 * (4 + 4 * self.stages) + 1024 <= MAX_SMEM_BYTES
 
+    @property
+    def split_tail(self) -> bool:
+        """The persistent kernel with its own O tile (not the longest-first order) shares the tiles of the last
+        two waves out over all CTAs by key tiles when the tiles leave the last wave at least 1% idle
+        (non-causal; Sm90FwdTraits::kStreamK, forward_sm90.cu stream_k_plan)."""
+        return self.separate_o and not self.longest_first
+
     def smem_bytes(self) -> int:
         """Q tile (two when double_q) + stages x (K + V tiles) (+ the O staging tile when separate_o) + 1024 B
         alignment slack + the mbarriers (csrc/cuda/sm90): q_full and, per stage, full and empty of K and of

@@ -270,6 +270,71 @@ def test_many_tiles(name, causal, B, Sq, Sk, Hq, Hk):
     check(name, rand(B, Sq, Hq, D, dtype), rand(B, Sk, Hk, D, dtype), rand(B, Sk, Hk, D, dtype), causal)
 
 
+def split_tail_expected(name, tiles, Sk, causal):
+    """Whether the persistent kernel shares out its last waves' key tiles (forward_sm90.cu, stream_k_plan):
+    a config with the split (HopperConfig.split_tail), non-causal, more tiles than SMs leaving the last wave
+    at least 1% idle, and two key tiles or more per tile."""
+    cfg = flashop.configs.HopperConfig.parse(name)
+    grid = min(tiles, torch.cuda.get_device_properties(0).multi_processor_count)
+    waves, rest = divmod(tiles, grid)
+    return (cfg.split_tail and not causal and tiles > grid and rest != 0 and -(-Sk // cfg.block_n) >= 2
+            and (grid - rest) * 100 >= grid * (waves + 1))
+
+
+PERSISTENT_CONFIGS = [n for n in CONFIGS if n.endswith(".pers")]
+SPLIT_TAIL_CASES = {  # name: (query heads as a function of the SM count, Sk); 200 queries = 2 query tiles
+    "one wave and one tile": (lambda sms: (sms + 2) // 2, 1000),  # every tile shared out, most of them cut
+    "two waves and a sixth": (lambda sms: sms + sms // 6, 300),   # whole tiles first, then the split part
+    "whole waves": (lambda sms: sms, 1000),                       # no idle SM: no split
+    "one key tile": (lambda sms: (sms + 2) // 2, 100),            # nothing to cut: no split
+}
+
+
+@pytest.mark.parametrize("name", PERSISTENT_CONFIGS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", list(SPLIT_TAIL_CASES))
+def test_split_tail(name, causal, case):
+    """The persistent kernel's split tail: whether it runs (config_workspace > 0) as its rule says, and the
+    values of tiles finished from two CTAs' parts (MQA, a ragged last key tile, a short last query tile)."""
+    if name not in built():
+        pytest.skip(f"{name} not built")
+    dtype, D, _, _ = parse(name)
+    heads, Sk = SPLIT_TAIL_CASES[case]
+    Hq = heads(torch.cuda.get_device_properties(0).multi_processor_count)
+    split = split_tail_expected(name, 2 * Hq, Sk, causal)
+    assert (sm90.config_workspace(name, 1, 200, Sk, Hq, causal) > 0) == split
+    if case in ("one wave and one tile", "two waves and a sixth") and not causal:
+        assert split == flashop.configs.HopperConfig.parse(name).split_tail
+    check(name, rand(1, 200, Hq, D, dtype), rand(1, Sk, 1, D, dtype), rand(1, Sk, 1, D, dtype), causal)
+
+
+@pytest.mark.parametrize("name", [n for n in PERSISTENT_CONFIGS if flashop.configs.HopperConfig.parse(n).split_tail])
+def test_split_tail_in_cuda_graph(name):
+    """Replays of a captured launch: the workspace flags are cleared on every replay (a flag left set would let
+    a CTA read its neighbour's part before it is written)."""
+    if name not in built():
+        pytest.skip(f"{name} not built")
+    dtype, D, _, _ = parse(name)
+    Hq = torch.cuda.get_device_properties(0).multi_processor_count // 2 + 1
+    assert sm90.config_workspace(name, 1, 200, 1000, Hq, False) > 0
+    q, k, v = rand(1, 200, Hq, D, dtype), rand(1, 1000, 1, D, dtype), rand(1, 1000, 1, D, dtype)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        sm90.forward(q, k, v, D ** -0.5, False, name)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = sm90.forward(q, k, v, D ** -0.5, False, name)
+    for _ in range(3):
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        graph.replay()
+        ref_out, ref_lse = sm90.forward(q, k, v, D ** -0.5, False, name)
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
 def tma_store_reference(name):
     """The config test_tma_store_matches_plain_store compares `name` with: the plain-store config of the same
     shape (the name minus its last suffix) where it is in CONFIGS; else, for a ".pers" config, the ".tmao" one

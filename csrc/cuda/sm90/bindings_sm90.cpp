@@ -120,7 +120,13 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Ten
   const FwdParams p = make_fwd_params(q, k, v, out, lse, dims, scale, causal);
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
-  err = kernel->launch(p, stream);
+  // The persistent kernels' split tail needs a scratch buffer (from the caching allocator: stream-ordered,
+  // so freeing it here while the kernel runs is safe).
+  const std::size_t workspace_bytes = kernel->workspace_bytes(p);
+  at::Tensor workspace;
+  if (workspace_bytes > 0)
+    workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, q.options().dtype(at::kByte));
+  err = kernel->launch(p, workspace_bytes > 0 ? workspace.data_ptr() : nullptr, stream);
   TORCH_CHECK(err == cudaSuccess, "flashop.forward: launching kernel '", kernel->name,
               "' failed: ", cudaGetErrorString(err));
   return {out, lse};
@@ -137,6 +143,26 @@ int64_t config_smem(const std::string& name) {
   TORCH_CHECK(k != nullptr, "flashop.forward: unknown kernel config '", name,
               "'; built configs: ", built_config_list());
   return static_cast<int64_t>(k->smem_bytes);
+}
+
+// Scratch bytes a forward launch of a built config takes for these sizes on the current device (0: none;
+// > 0: the persistent kernel splits its last waves' tiles, see forward_sm90.cu). For tests and tools.
+int64_t config_workspace(const std::string& name, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
+                         int64_t heads_q, bool causal) {
+  const Sm90FwdKernel* k = find_kernel(name);
+  TORCH_CHECK(k != nullptr, "flashop.forward: unknown kernel config '", name,
+              "'; built configs: ", built_config_list());
+  TORCH_CHECK(batch > 0 && seqlen_q > 0 && seqlen_k >= 0 && heads_q > 0 && batch <= 65535 && heads_q <= 65535 &&
+                  seqlen_q < std::numeric_limits<int>::max() && seqlen_k < std::numeric_limits<int>::max(),
+              "config_workspace: sizes out of range");
+  FwdParams p{};
+  p.batch = static_cast<int>(batch);
+  p.seqlen_q = static_cast<int>(seqlen_q);
+  p.seqlen_k = static_cast<int>(seqlen_k);
+  p.heads_q = static_cast<int>(heads_q);
+  p.headdim = k->headdim;
+  p.causal = causal;
+  return static_cast<int64_t>(k->workspace_bytes(p));
 }
 
 const Sm90BwdKernel* find_bwd_kernel(const std::string& name) {
@@ -212,6 +238,10 @@ PYBIND11_MODULE(_C_sm90, m) {
         "Names of the sm90 forward kernel configs compiled into this module.");
   m.def("config_smem", &flashop::sm90::config_smem, py::arg("name"),
         "Dynamic shared memory per block (bytes) of a built sm90 config.");
+  m.def("config_workspace", &flashop::sm90::config_workspace, py::arg("name"), py::arg("batch"),
+        py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("heads_q"), py::arg("causal"),
+        "Scratch bytes of a forward launch of a built sm90 config on the current device (0: none; "
+        "> 0: the persistent kernel's split tail runs).");
   m.def("backward", &flashop::sm90::backward, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("out"), py::arg("softmax_lse"), py::arg("softmax_scale"), py::arg("causal"),
         py::arg("deterministic"), py::arg("config"),

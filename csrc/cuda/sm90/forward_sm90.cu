@@ -17,8 +17,62 @@ namespace flashop {
 namespace sm90 {
 namespace {
 
+// Persistent configs: one CTA per SM of the current device (384 threads x 168 registers and the smem
+// allow only one), or one per tile when there are fewer tiles.
 template <class T>
-cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+cudaError_t persistent_grid(const FwdParams& p, int64_t* tiles, int* grid) {
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  *tiles = static_cast<int64_t>((p.seqlen_q + T::kBlockM - 1) / T::kBlockM) * p.heads_q * p.batch;
+  // The kernel counts tiles in int (t + gridDim.x must not overflow; both tile orders divide t < tiles
+  // by n_q_tiles or Hq * B, each <= tiles); so many tiles cannot fit in memory anyway.
+  if (*tiles + sms >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
+  *grid = static_cast<int>(*tiles < sms ? *tiles : sms);
+  return cudaSuccess;
+}
+
+// Split tail (T::kStreamK; fwd_kernel.cuh, walk): when the tiles do not fill the last wave, the
+// tiles of the last two waves are shared out over all CTAs by key tiles, so every CTA ends within one
+// key tile of the others. Non-causal only (every tile has the same key tiles), and only where the
+// idle share of the plain schedule is at least 1% (below that, the extra split costs as much) and
+// a tile has two key tiles or more (else nothing can be split).
+struct StreamKPlan {
+  bool on = false;
+  int tile0 = 0;  // the first tile that is shared out; the tiles before it run whole, round robin
+};
+
+template <class T>
+StreamKPlan stream_k_plan(const FwdParams& p, int64_t tiles, int grid) {
+  StreamKPlan plan;
+  if (!T::kStreamK || p.causal || p.seqlen_k <= 0 || tiles <= grid) return plan;
+  const int64_t waves = tiles / grid, rest = tiles % grid;
+  const int64_t key_tiles = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  // Idle share of the plain schedule: (grid - rest) tile slots of (waves + 1) * grid.
+  if (rest == 0 || key_tiles < 2 || (grid - rest) * 100 < grid * (waves + 1)) return plan;
+  const int64_t tile0 = (waves - 1) * grid;  // >= 0; grid <= tiles - tile0 < 2 grid
+  if ((tiles - tile0) * key_tiles >= (int64_t(1) << 31)) return plan;  // the kernel's units are int
+  plan.on = true;
+  plan.tile0 = static_cast<int>(tile0);
+  return plan;
+}
+
+template <class T>
+std::size_t fwd_workspace_bytes(const FwdParams& p) {
+  if constexpr (!T::kStreamK) {
+    return 0;
+  } else {
+    int64_t tiles = 0;
+    int grid = 0;
+    if (persistent_grid<T>(p, &tiles, &grid) != cudaSuccess || !stream_k_plan<T>(p, tiles, grid).on) return 0;
+    return static_cast<std::size_t>(grid) * (T::kPartialFloat4s * 16 + T::kConsumerWGs * 4);
+  }
+}
+
+template <class T>
+cudaError_t launch_fwd(const FwdParams& params, void* workspace, cudaStream_t stream) {
+  FwdParams p = params;
   if (p.headdim != T::kHeadDim) return cudaErrorInvalidValue;
   const int q_tiles = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   // Multicast configs run as clusters of two adjacent query tiles of one head when both walk the same
@@ -64,20 +118,27 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     dim3 grid(q_tiles, p.heads_q, p.batch);
     if constexpr (T::kPersistent) {
-      // One CTA per SM (384 threads x 168 registers and the smem allow only
-      // one), each walking tiles blockIdx.x, +gridDim.x, ... (fwd_kernel.cuh;
-      // "pers.lpt" numbers the same tiles in another order).
-      int device = 0, sms = 0;
-      err = cudaGetDevice(&device);
-      if (err == cudaSuccess)
-        err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      // Each CTA walks tiles blockIdx.x, +gridDim.x, ... (fwd_kernel.cuh; "pers.lpt" numbers the same
+      // tiles in another order), and with the split tail shares the last waves' key tiles.
+      int64_t tiles = 0;
+      int ctas = 0;
+      err = persistent_grid<T>(p, &tiles, &ctas);
       if (err != cudaSuccess) return err;
-      const int64_t tiles = static_cast<int64_t>(q_tiles) * p.heads_q * p.batch;
-      // The kernel counts tiles in int (t + gridDim.x must not overflow; both
-      // tile orders divide t < tiles by n_q_tiles or Hq * B, each <= tiles);
-      // so many tiles cannot fit in memory anyway.
-      if (tiles + sms >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
-      grid = dim3(static_cast<unsigned>(tiles < sms ? tiles : sms), 1, 1);
+      grid = dim3(static_cast<unsigned>(ctas), 1, 1);
+      const StreamKPlan plan = stream_k_plan<T>(p, tiles, ctas);
+      p.stream_k = plan.on;
+      p.stream_k_tile0 = plan.tile0;
+      p.workspace = nullptr;
+      if (plan.on) {
+        // fwd_workspace_bytes asked for it: partial results, then one flag per (CTA, consumer
+        // warpgroup), which must start at 0.
+        if (workspace == nullptr) return cudaErrorInvalidValue;
+        p.workspace = workspace;
+        const std::size_t data = static_cast<std::size_t>(ctas) * T::kPartialFloat4s * 16;
+        err = cudaMemsetAsync(static_cast<char*>(workspace) + data, 0,
+                              static_cast<std::size_t>(ctas) * T::kConsumerWGs * 4, stream);
+        if (err != cudaSuccess) return err;
+      }
     }
     if (cluster_pairs) {
       // blockIdx.x 2i and 2i+1 (query tiles n-1-2i and n-2-2i, fwd_kernel.cuh) form a cluster.
@@ -180,7 +241,7 @@ using Fp16D128Bc192McTmao = Sm90FwdTraits<false, 128, 128, 192, true, true, fals
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
-  return Sm90FwdKernel{name,          &launch_fwd<T>, T::kBf16 ? DType::kBf16 : DType::kFp16,
+  return Sm90FwdKernel{name,          &launch_fwd<T>, &fwd_workspace_bytes<T>, T::kBf16 ? DType::kBf16 : DType::kFp16,
                        T::kHeadDim,   T::kBlockM,     T::kBlockN,
                        T::kSmemBytes, T::kThreads};
 }

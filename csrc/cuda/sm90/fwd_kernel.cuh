@@ -88,6 +88,11 @@
 #ifndef FLASHOP_SM90_DOUBLE_Q
 #define FLASHOP_SM90_DOUBLE_Q 1
 #endif
+// Persistent kernel with its own O tile: the split tail (stream_k in FwdParams; 0 builds the kernel
+// without it, and the launcher never asks for it).
+#ifndef FLASHOP_SM90_STREAM_K
+#define FLASHOP_SM90_STREAM_K 1
+#endif
 
 namespace flashop {
 namespace sm90 {
@@ -175,6 +180,14 @@ struct Sm90FwdTraits {
   static constexpr bool kDoubleQ = kSeparateO && FLASHOP_SM90_DOUBLE_Q &&
                                    3 * kQBytes + kKVRingBytes + 8 * (4 + 4 * kStages) + 1024 <= 227 * 1024;
   static constexpr int kQBuffers = kDoubleQ ? 2 : 1;
+  // Split tail (non-causal, where the launcher asks for it; see fwd_sm90_body): the tiles of the last
+  // two waves are shared out over the CTAs by key tiles. The persistent kernels with their own O tile
+  // only: their epilogue needs no q_empty arrival, so a part that stores nothing changes no hand-over.
+  static constexpr bool kStreamK = kSeparateO && !kLongestFirst && FLASHOP_SM90_STREAM_K;
+  // A part's partial result in the workspace, per CTA: for each consumer warpgroup, D/8 float4 of O
+  // (unnormalised) and one float4 (m0, m1, l0, l1) for each of its 128 threads, thread-fastest; then
+  // one int flag per (CTA, warpgroup) after all CTAs' data.
+  static constexpr int kPartialFloat4s = kConsumerWGs * (kHeadDim / 8 + 1) * 128;
   static constexpr int kQOff = 0;
   static constexpr int kKOff = kQOff + kQBuffers * kQBytes;
   static constexpr int kVOff = kKOff + kStages * kKVBytes;
@@ -363,6 +376,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // The current tile. Non-persistent: one per CTA, highest query tiles first
   // (under causal masking they see the most keys).
   int q_tile = 0, head = 0, batch = 0, n_tiles = 0;
+  int key_tile0 = 0;  // the first key tile of the work item (> 0 only for a split tile's second part)
   if constexpr (!T::kPersistent) {
     q_tile = gridDim.x - 1 - blockIdx.x;
     head = blockIdx.y;
@@ -390,6 +404,66 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       head = hb - batch * p.heads_q;
     }
     n_tiles = num_key_tiles<T>(p, q_tile);
+    key_tile0 = 0;
+  };
+
+  // A persistent CTA's work items, in order; item(role) runs once the tile variables above are set.
+  // Roles: a whole tile (key tiles 0 .. n_tiles-1), or a part of a split tile (below).
+  constexpr int kWholeTile = 0, kPartOut = 1, kPartIn = 2;
+  // Without the split: tiles blockIdx.x, + gridDim.x, ... With it (T::kStreamK and p.stream_k, set by
+  // the launcher for non-causal problems whose tile count is not a multiple of the grid): the tiles
+  // below p.stream_k_tile0 the same way (a multiple of gridDim.x: the same number for every CTA), then
+  // the rest, the last one or two waves, as units u = (t - stream_k_tile0) * n + j (key tile j of tile
+  // t, n key tiles per tile, the same for all tiles when non-causal), dealt out in equal runs:
+  // CTA b takes [u0, u1), u1 - u0 = per or per + 1 >= n (the launcher keeps at least one tile per CTA
+  // in this part), so each run holds at most one tile's end part and one tile's start part, and a tile
+  // is cut at most once. The run is walked from its last tile down:
+  //   kPartOut: keys 0 .. x-1 of a tile whose other keys are the start of CTA b+1's run, the first
+  //     item of b's split part; stores its unnormalised O, running max and sum in b's workspace slot
+  //     and raises b's flag instead of writing O.
+  //   kPartIn: keys x .. n-1 of a tile that CTA b-1 started, the last item of b's run; waits for b-1's
+  //     flag, merges its partial into its own and writes O and lse.
+  // CTA b only ever waits for CTA b-1, which raised its flag after its first split item, so the waits
+  // form a chain that ends at CTA 0 (which never waits); the grid is at most one CTA per SM.
+  // One call site of item (the tile body is inlined once).
+  auto walk = [&](auto&& item) {
+    if constexpr (!T::kStreamK) {
+      for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+        set_tile(t);
+        item(kWholeTile);
+      }
+      return;
+    }
+    const bool split = p.stream_k;
+    const int b = blockIdx.x;
+    const int whole_end = split ? p.stream_k_tile0 : total_tiles;
+    const int n_whole = b < whole_end ? (whole_end - b + gridDim.x - 1) / gridDim.x : 0;
+    int n_items = n_whole;
+    int n = 0, u0 = 0, u1 = 0;  // the split part's key tiles per tile and this CTA's run [u0, u1)
+    if constexpr (T::kStreamK) {
+      if (split) {
+        n = num_key_tiles<T>(p, 0);
+        const int units = (total_tiles - p.stream_k_tile0) * n;  // < 2^31 (launcher)
+        const int per = units / gridDim.x, extra = units - per * gridDim.x;
+        u0 = b * per + min(b, extra);
+        u1 = u0 + per + (b < extra ? 1 : 0);
+        n_items += (u1 - 1) / n - u0 / n + 1;
+      }
+    }
+    for (int i = 0; i < n_items; ++i) {
+      int role = kWholeTile;
+      if (i < n_whole) {
+        set_tile(b + i * gridDim.x);
+      } else {
+        const int tt = (u1 - 1) / n - (i - n_whole);  // from the run's last tile down
+        set_tile(p.stream_k_tile0 + tt);
+        const int kb = max(u0 - tt * n, 0), ke = min(u1 - tt * n, n);
+        key_tile0 = kb;
+        n_tiles = ke - kb;
+        role = ke < n ? kPartOut : kb > 0 ? kPartIn : kWholeTile;
+      }
+      item(role);
+    }
   };
 
   const int tid = threadIdx.x;
@@ -432,7 +506,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<T::kProducerRegs>();
     if (tid == 0) {
-      // Key tile j of the current tile as K (is_v false) or V load number g of this CTA.
+      // Key tile j of the current work item (key tile key_tile0 + j of the tile) as K (is_v false) or V
+      // load number g of this CTA.
       auto load_tile = [&](bool is_v, uint32_t g, int j, int kv_head) {
         const int s = g % T::kStages;
         const uint32_t use = g / T::kStages;
@@ -444,14 +519,14 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         const CUtensorMap* map = is_v ? tm_v : tm_k;
         if (multicast) {
           const uint32_t half = cta_rank * T::kKVHalfBytes;
-          const int row = j * kBN + static_cast<int>(cta_rank) * T::kKVHalfRows;
+          const int row = (key_tile0 + j) * kBN + static_cast<int>(cta_rank) * T::kKVHalfRows;
 #pragma unroll
           for (int b = 0; b < T::kDBlocks; ++b)
             tma_load_4d_multicast(map, dst + b * T::kKVBlockBytes + half, full, b * 64, row, kv_head, batch, 0x3);
         } else {
 #pragma unroll
           for (int b = 0; b < T::kDBlocks; ++b)
-            tma_load_4d(map, dst + b * T::kKVBlockBytes, full, b * 64, j * kBN, kv_head, batch);
+            tma_load_4d(map, dst + b * T::kKVBlockBytes, full, b * 64, (key_tile0 + j) * kBN, kv_head, batch);
         }
       };
       // Item i of a tile's K/V sequence K_0, K_1, V_0, K_2, V_1, ..., K_{n-1}, V_{n-2}, V_{n-1}:
@@ -471,8 +546,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       if constexpr (T::kPersistent) {
         uint32_t g0 = 0;  // K/V loads issued by this CTA before the current tile
         uint32_t k = 0;   // index of the current tile within this CTA
-        for (int t = blockIdx.x; t < total_tiles; t += gridDim.x, ++k) {
-          set_tile(t);
+        walk([&](int) {
           const int kv_head = head / p.head_ratio;
           // Two Q buffers: Q first, its buffer was freed by tile k-2's last S, long
           // before. One: K_0, K_1, V_0 first, they do not wait for anything of this
@@ -490,7 +564,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
           // (they need Q, issued just above), V_1 onwards for P V of this tile.
           for (int i = pre; i < 2 * n_tiles; ++i) load_item(g0, i, n_tiles, kv_head);
           g0 += n_tiles;
-        }
+          ++k;
+        });
       } else if (n_tiles > 0) {
         const int kv_head = head / p.head_ratio;
         load_q(0);
@@ -552,11 +627,11 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   auto last_tile_keys = [&]() {
     int key_end = p.seqlen_k;
     if (p.causal) key_end = min(key_end, min(q_tile * kBM + 64 * c + 63, p.seqlen_q - 1) + diag + 1);
-    return key_end - (n_tiles - 1) * kBN;
+    return key_end - (key_tile0 + n_tiles - 1) * kBN;
   };
   // Keys past Sk, and (causal) keys past the diagonal, become -inf.
   auto mask = [&](float (&sacc)[kBN / 2], int j) {
-    const int key0 = j * kBN;
+    const int key0 = (key_tile0 + j) * kBN;
     const bool need_mask = (key0 + kBN > p.seqlen_k) ||
                            (p.causal && key0 + kBN - 1 > q_tile * kBM + 64 * c + diag);
     if (need_mask) {
@@ -687,10 +762,58 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     }
   };
 
+  // Split tail (T::kStreamK): this warpgroup's partial result of a split tile in CTA cta's workspace
+  // slot (layout: the traits' kPartialFloat4s), and the flag that says it is complete.
+  auto partial_slot = [&](int cta) {
+    return reinterpret_cast<float4*>(p.workspace) + cta * T::kPartialFloat4s + c * (kD / 8 + 1) * 128 + ctid;
+  };
+  auto partial_flag = [&](int cta) {
+    return reinterpret_cast<int*>(reinterpret_cast<float4*>(p.workspace) + gridDim.x * T::kPartialFloat4s) +
+           cta * kWGs + c;
+  };
+  // kPartOut: O (unnormalised), m and l as they stand, then the flag once all 128 threads have stored.
+  auto store_partial = [&]() {
+    float4* slot = partial_slot(blockIdx.x);
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) __stcg(slot + i * 128, make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]));
+    __stcg(slot + (kD / 8) * 128, make_float4(m[0], m[1], l[0], l[1]));
+    epilogue_bar();
+    if (ctid == 0) {
+      __threadfence();
+      st_release_gpu(partial_flag(blockIdx.x), 1);
+    }
+  };
+  // kPartIn: wait for CTA b-1's part of this tile and fold it in (the online softmax's merge of two
+  // key ranges: both sides rescaled to the larger running max). m is the same in the four threads of a
+  // row, so the per-thread partial sums l merge as they are and are reduced over the quad as usual.
+  auto merge_partial = [&]() {
+    while (ld_acquire_gpu(partial_flag(blockIdx.x - 1)) == 0) __nanosleep(32);
+    const float4* slot = partial_slot(blockIdx.x - 1);
+    const float4 ml = __ldcg(slot + (kD / 8) * 128);
+    const float m_in[2] = {ml.x, ml.y}, l_in[2] = {ml.z, ml.w};
+    float f_own[2], f_in[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float mx = fmaxf(m[h], m_in[h]);
+      f_own[h] = m[h] == -INFINITY ? 0.f : exp2f((m[h] - mx) * sl2);
+      f_in[h] = m_in[h] == -INFINITY ? 0.f : exp2f((m_in[h] - mx) * sl2);
+      m[h] = mx;
+      l[h] = l[h] * f_own[h] + l_in[h] * f_in[h];
+    }
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) {
+      const float4 v = __ldcg(slot + i * 128);
+      o[4 * i + 0] = o[4 * i + 0] * f_own[0] + v.x * f_in[0];
+      o[4 * i + 1] = o[4 * i + 1] * f_own[0] + v.y * f_in[0];
+      o[4 * i + 2] = o[4 * i + 2] * f_own[1] + v.z * f_in[1];
+      o[4 * i + 3] = o[4 * i + 3] * f_own[1] + v.w * f_in[1];
+    }
+  };
+
   // One tile: main loop and epilogue. g0: number of K/V loads of this CTA
   // before this tile (0 without persistence); k: the tile's number within this CTA (its Q buffer and
-  // q_full phase).
-  auto run_tile = [&](auto g0, uint32_t k) {
+  // q_full phase); role: kWholeTile, or a split tile's part (kPartOut, kPartIn; see walk).
+  auto run_tile = [&](auto g0, uint32_t k, int role) {
     sQ = q_buffer(k);
     q_row0 = q_tile * kBM + row_in_tile;
 #pragma unroll
@@ -790,6 +913,10 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         }
       }
     } else {
+      if constexpr (T::kStreamK) {
+        if (role == kPartOut) return store_partial();  // no O, no lse: the tile's other part writes them
+        if (role == kPartIn) merge_partial();
+      }
       // Staging = rows 64c..64c+63 of every Q column block (see the traits).
       // Q smem is free for this warpgroup: its own wgmmas, the only readers of
       // these rows, are complete (wait_group 0 above; a wgmma's completion
@@ -863,11 +990,11 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     if constexpr (kTurnsAcrossTiles) {
       if (c == 1) named_bar_arrive<1, kTurnThreads>();  // opens warpgroup 0's first turn
     }
-    for (int t = blockIdx.x; t < total_tiles; t += gridDim.x, ++k) {
-      set_tile(t);
-      run_tile(g0, k);
+    walk([&](int role) {
+      run_tile(g0, k, role);
       g0 += n_tiles;
-    }
+      ++k;
+    });
     if constexpr (kTurnsAcrossTiles) {
       if (c == 0) named_bar_sync<1, kTurnThreads>();  // warpgroup 1's hand-over after its last turn
     }
@@ -876,7 +1003,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       if (ctid == 0) tma_store_wait_read<0>();
     }
   } else {
-    run_tile(0, 0u);
+    run_tile(0, 0u, kWholeTile);
   }
 #endif
 }

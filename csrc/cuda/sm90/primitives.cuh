@@ -159,6 +159,22 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
 #endif
 }
 
+// A flag in global memory between CTAs of one grid (the persistent kernel's split tiles): the writer
+// publishes data with a release store, the reader spins with acquire loads until it sees it.
+__device__ __forceinline__ void st_release_gpu(int* flag, int v) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(v) : "memory");
+#endif
+}
+
+__device__ __forceinline__ int ld_acquire_gpu(const int* flag) {
+  int v = 0;
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+#endif
+  return v;
+}
+
 // ---------------------------------------------------------------- wgmma
 // Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"):
 //   bits  0-13 start address >> 4

@@ -19,8 +19,10 @@ struct Sm90FwdKernel {
   // params (pointers, sizes, strides), sets the shared-memory opt-in, launches
   // on `stream` (persistent configs: one CTA per SM of the current device);
   // returns the status.
-  // Needs: 16-byte aligned base pointers, strides (in bytes) multiples of 16.
-  cudaError_t (*launch)(const FwdParams&, cudaStream_t);
+  // Needs: 16-byte aligned base pointers, strides (in bytes) multiples of 16, and a device buffer of
+  // workspace_bytes(params) bytes when that is not 0 (the persistent kernels' split tail).
+  cudaError_t (*launch)(const FwdParams&, void* workspace, cudaStream_t);
+  std::size_t (*workspace_bytes)(const FwdParams&);
   DType dtype;
   int headdim;
   int block_m;
