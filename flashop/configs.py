@@ -505,17 +505,18 @@ def select_backward(names_filter=None, configs=None) -> list:
 
 # ---------------------------------------------------------------- Hopper forward kernels (flashop._C_sm90)
 #
-# Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.mc][.tmao|.pers[.lpt]]. wgmma + TMA, one producer and two
+# Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.mc][.tmao|.pers[.lpt|.dyn]]. wgmma + TMA, one producer and two
 # consumer warpgroups; "nopp" drops the ping-pong barriers that let one consumer's softmax run under the other's
 # GEMMs; "st3" gives the K/V ring 3 stages instead of 2;
 # "tmao" writes O through shared memory (the dead Q tile) with a TMA store; "pers" is the persistent kernel
 # (one CTA per SM walking the tiles; it always uses the TMA store, so "pers" implies "tmao"); "pers.lpt" walks
 # the tiles longest first over all heads and batches (query tile varying slowest; "lpt" requires "pers");
+# "pers.dyn" takes its tiles at run time from a global counter (each CTA's next tile when it is ready for it);
 # "mc" (one tile per CTA, TMA store) runs non-causal problems with an even number of query tiles as clusters of
 # two CTAs that share each K/V tile through TMA multicast (each loads half), other problems as "tmao" does.
 # Built for sm_90a only: they run on compute capability 9.0 exactly.
 
-_HOPPER_SUFFIXES = ("nopp", "st3", "cta3", "mc", "tmao", "pers", "lpt")
+_HOPPER_SUFFIXES = ("nopp", "st3", "cta3", "mc", "tmao", "pers", "lpt", "dyn")
 _HOPPER_HEADDIMS = (64, 128, 256)
 
 
@@ -532,12 +533,16 @@ class HopperConfig:
     stages: int = 2  # K/V ring depth ("st3": 3)
     multicast: bool = False  # K/V shared by a cluster of two CTAs ("mc")
     three_ctas: bool = False  # B_r = 64 budgeted for three CTAs per SM instead of two ("cta3")
+    dynamic: bool = False  # persistent, tiles taken at run time ("pers.dyn")
 
     def __post_init__(self):
         if self.persistent and not self.tma_store:
             raise ValueError("HopperConfig: persistent implies tma_store (the 'pers' kernel stages O in shared memory)")
         if self.longest_first and not self.persistent:
             raise ValueError("HopperConfig: longest_first is a tile order of the persistent kernel ('lpt' needs 'pers')")
+        if self.dynamic and not (self.persistent and not self.longest_first and self.separate_o):
+            raise ValueError(f"HopperConfig {self.name!r}: tiles taken at run time ('dyn') is a tile order of the "
+                             "persistent kernel with its own O tile (d64, d128 at B_c = 128), not with 'lpt'")
         if self.multicast and not (self.tma_store and not self.persistent):
             raise ValueError(f"HopperConfig {self.name!r}: multicast ('mc') is a one-tile-per-CTA TMA-store kernel "
                              "('mc.tmao')")
@@ -575,7 +580,8 @@ class HopperConfig:
                 + (".cta3" if self.three_ctas else "")
                 + (".mc" if self.multicast else "")
                 + (".pers" if self.persistent else ".tmao" if self.tma_store else "")
-                + (".lpt" if self.longest_first else ""))
+                + (".lpt" if self.longest_first else "")
+                + (".dyn" if self.dynamic else ""))
 
     def runs_on(self, capability: tuple) -> bool:
         return tuple(capability) == (9, 0)
@@ -601,10 +607,10 @@ class HopperConfig:
 
     @property
     def split_tail(self) -> bool:
-        """The persistent kernel with its own O tile (not the longest-first order) shares the tiles of the last
-        two waves out over all CTAs by key tiles when the tiles leave the last wave at least 1% idle
-        (non-causal; Sm90FwdTraits::kStreamK, forward_sm90.cu stream_k_plan)."""
-        return self.separate_o and not self.longest_first
+        """The persistent kernel in the plain tile order (not longest-first) shares the tiles of the last two
+        waves out over all CTAs by key tiles when the tiles leave the last wave at least 1% idle (non-causal;
+        Sm90FwdTraits::kStreamK, forward_sm90.cu stream_k_plan)."""
+        return self.persistent and not self.longest_first and not self.dynamic
 
     def smem_bytes(self) -> int:
         """Q tile (two when double_q) + stages x (K + V tiles) (+ the O staging tile when separate_o) + 1024 B
@@ -616,7 +622,8 @@ class HopperConfig:
         212 992 + 1024 + 72 (80) = 214 088 (214 096) bytes."""
         barriers = 1 + 4 * self.stages + (1 if self.persistent else 0) + (2 if self.double_q else 0)
         rows = self.block_m * (1 + self.separate_o + self.double_q) + 2 * self.stages * self.block_n
-        return ELEMENT_BYTES * self.headdim * rows + 1024 + 8 * barriers
+        # + "dyn": the tile number of each Q buffer's tile (two ints).
+        return ELEMENT_BYTES * self.headdim * rows + 1024 + 8 * barriers + (8 if self.dynamic else 0)
 
     @classmethod
     def parse(cls, name: str) -> "HopperConfig":
@@ -631,7 +638,8 @@ class HopperConfig:
             raise ValueError(f"Hopper kernel config {name!r}: malformed field") from None
         persistent = "pers" in suffixes
         config = cls(parts[1], *fields, "nopp" not in suffixes, "tmao" in suffixes or persistent, persistent,
-                     "lpt" in suffixes, 3 if "st3" in suffixes else 2, "mc" in suffixes, "cta3" in suffixes)
+                     "lpt" in suffixes, 3 if "st3" in suffixes else 2, "mc" in suffixes, "cta3" in suffixes,
+                     "dyn" in suffixes)
         if config.name != name:
             raise ValueError(f"Hopper kernel config {name!r}: not in canonical form ({config.name})")
         return config
@@ -669,7 +677,9 @@ HOPPER_FORWARD_CONFIGS = tuple(
     # Three CTAs per SM ("cta3"): d64, B_r = B_c = 64.
     HopperConfig(dtype, 64, block_m=64, block_n=64, tma_store=True, three_ctas=True) for dtype in DTYPES) + tuple(
     # d128 with B_c = 192 (224 KiB of tiles), one tile per CTA, and its multicast build.
-    HopperConfig(dtype, 128, block_n=192, tma_store=True, multicast=mc) for mc in (False, True) for dtype in DTYPES)
+    HopperConfig(dtype, 128, block_n=192, tma_store=True, multicast=mc) for mc in (False, True) for dtype in DTYPES) + tuple(
+    # Persistent with tiles taken at run time ("pers.dyn"), where the kernel has its own O tile.
+    HopperConfig(dtype, d, tma_store=True, persistent=True, dynamic=True) for d in (128, 64) for dtype in DTYPES)
 
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)

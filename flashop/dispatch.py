@@ -180,9 +180,15 @@ LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 1024)}
 # H200 tuner runs it was 4-11% ahead at d128 non-causal 512-1k and 2-9% at d64 512 (docs/hopper.md).
 # Since its second Q buffer (H100, 2026-11-23, the benchmark's runner, bf16 / fp16 TFLOP/s): d128
 # non-causal 1k 556 / 536 vs 497 / 482 for the 192-key tile, 2k 580 / 559 vs 574 / 559, 4k 591 / 565 vs
-# 600 / 583; d64 non-causal 512 (bf16) 362 vs 348 for three CTAs per SM. d128 causal and d256 (no room
-# for the O tile) keep one tile per CTA; d64 causal runs several CTAs per SM (below).
-PERSISTENT_HOPPER_BELOW = {64: (1024, 1024), 128: (4096, 0)}
+# 600 / 583; d64 non-causal 512 (bf16) 362 vs 348 for three CTAs per SM. With the split tail (session 11,
+# H100, bf16, forced configs): d128 non-causal 2k 597 vs 571 for the 192-key multicast build, 4k 603 vs
+# 610, 8k 621 vs 635; d64 non-causal 1k 397 vs 389 for the 192-row tile, 2k 414 vs 453. d256 (no room
+# for the O tile) keeps one tile per CTA. Causal problems run it with tiles taken at run
+# time ("pers.dyn", session 11, H100, bf16): d128 causal 512 334 vs 295 for two CTAs per SM, 1k 410 vs
+# 399 for one tile per CTA, 2k 490 vs 488 for the multicast build (kept there); d64 causal 2k 361 vs 354
+# for three CTAs per SM and 355 for the 192-row tile (below 2k three CTAs per SM stay ahead: 258 / 317
+# vs 250 / 316).
+PERSISTENT_HOPPER_BELOW = {64: (2048, 4096), 128: (4096, 2048)}
 # Seqlen_k (non-causal, causal) below which several CTAs per SM of 64 query rows each (one consumer
 # warpgroup) are picked, ahead of the persistent kernel: one CTA's prologue and epilogue run under the
 # others' GEMMs. Three per SM where built ("cta3": d64), else two ("br64": d128). H100 (2026-11-22, the
@@ -190,8 +196,8 @@ PERSISTENT_HOPPER_BELOW = {64: (1024, 1024), 128: (4096, 0)}
 # 0.66-0.86x), causal 1k 0.90-0.94x (two: 0.87x); from 1k non-causal and 2k causal the 192-row tile is
 # as fast or faster (non-causal 2k: 457 vs 400 TFLOP/s). H200 (run 12): d128 causal 512 two CTAs within
 # 2% of the fastest build. d64 non-causal 512 runs the persistent kernel since its second Q buffer
-# (above).
-MULTI_CTA_HOPPER_BELOW = {64: (0, 2048), 128: (0, 1024)}
+# (above), d128 causal 512 since its tiles are taken at run time (above: 334 vs 295 TFLOP/s).
+MULTI_CTA_HOPPER_BELOW = {64: (0, 2048), 128: (0, 0)}
 # Seqlen_k from which non-causal problems run the K/V multicast build ("mc": clusters of two CTAs sharing
 # each K/V tile) of the one-tile-per-CTA pick. H200 tuner (run 12): the fastest build at d256 from 4k (the
 # one-tile kernel 0.96-0.98), d128 from 8k, d64 at 16k (1-2%); at 2k it was up to 3% behind or even.
@@ -220,7 +226,7 @@ def mma_sync_backward_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> 
 def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
     """Among the built Hopper ping-pong configs: below the length in MULTI_CTA_HOPPER_BELOW the 64-row
     tiles run three (or two) CTAs per SM; else below the length in PERSISTENT_HOPPER_BELOW the
-    persistent kernel with a separate O staging tile (longest-first tile order when causal); otherwise
+    persistent kernel with a separate O staging tile (causal: tiles taken at run time); otherwise
     one tile per CTA with the TMA-store epilogue, which in the H200 policy runs was the fastest of all
     built configs on nearly every longer shape (docs/policy.md): the hardware block scheduler
     balances unequal causal tiles better than a static stride. Of its tile sizes, the largest from the
@@ -235,11 +241,12 @@ def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
         return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, " \
                           f"{pick.ctas_per_sm} CTAs per SM, {pick.block_m} x {pick.block_n} tiles"
     below_non_causal, below_causal = PERSISTENT_HOPPER_BELOW.get(problem.headdim, (0, 0))
+    # Causal: tiles taken at run time ("dyn"), else longest first; non-causal: the plain order (with its split tail).
     persistent = [c for c in hopper if c.persistent and c.separate_o and c.stages == 2
-                  and c.longest_first == problem.causal]
+                  and (c.dynamic or c.longest_first) == problem.causal]
     if persistent and problem.seqlen_k < (below_causal if problem.causal else below_non_causal):
-        pick = min(persistent, key=area)
-        order = ", longest first" if pick.longest_first else ""
+        pick = min(persistent, key=lambda c: (area(c), not c.dynamic))
+        order = ", tiles taken at run time" if pick.dynamic else ", longest first" if pick.longest_first else ""
         return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, persistent{order}, " \
                           f"{pick.block_m} x {pick.block_n} tiles"
     per_tile = ([c for c in hopper if c.tma_store and not c.persistent and c.stages == 2 and not c.multicast

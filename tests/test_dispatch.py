@@ -61,18 +61,19 @@ def test_hopper_variant_by_length():
     # Short causal: three (d64) or two (d128) CTAs of 64 query rows per SM; short non-causal: the
     # persistent kernel with its own O staging tile.
     assert pick(512, True, 64) == pick(1024, True, 64) == "sm90.fp16.d64.br64.bc64.cta3.tmao"
-    assert pick(512, True) == "sm90.fp16.d128.br64.bc64.tmao"
+    # d128 causal below 2k and d64 causal 2k: the persistent kernel with tiles taken at run time.
+    assert pick(512, True) == pick(1024, True) == "sm90.fp16.d128.br128.bc128.pers.dyn"
+    assert pick(2048, True, 64) == "sm90.fp16.d64.br128.bc128.pers.dyn"
     # Without the three-CTA build, two CTAs per SM.
     no_cta3 = [n for n in ALL_BUILT if ".cta3." not in n]
     assert dispatch.choose_config(h100, Problem("fp16", 64, 512, 512, 64, True), no_cta3)[0] == \
         "sm90.fp16.d64.br64.bc128.tmao"
-    assert pick(512, False, 64) == "sm90.fp16.d64.br128.bc128.pers"
+    assert pick(512, False, 64) == pick(1024, False, 64) == "sm90.fp16.d64.br128.bc128.pers"
     assert pick(512, False) == pick(1024, False) == pick(2048, False) == "sm90.fp16.d128.br128.bc128.pers"
     # Longer: one tile per CTA, the wider tiles from LARGE_HOPPER_TILE_FROM.
     assert pick(4096, False) == pick(8192, True) == pick(16384, True) == \
         "sm90.fp16.d128.br128.bc192.tmao"  # wide key tiles
-    assert pick(1024, True) == "sm90.fp16.d128.br128.bc128.tmao"
-    assert pick(1024, False, 64) == pick(2048, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
+    assert pick(2048, False, 64) == pick(4096, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
     assert pick(512, False, 256) == pick(512, True, 256) == "sm90.fp16.d256.br128.bc64.tmao"
     assert pick(1024, False, 256) == "sm90.fp16.d256.br128.bc80.tmao"
     # Long non-causal: the K/V multicast build of the one-tile pick.
@@ -85,8 +86,9 @@ def test_hopper_variant_by_length():
     assert pick(1024, True, 256) == pick(16384, True, 256) == "sm90.fp16.d256.br128.bc80.mc.tmao"
     for s in (1024, 4096, 16384):
         assert ".mc." not in pick(s, True, 64)
-    # Without the multicast, 64-row and 192-key builds the policy picks as before them.
-    older = [n for n in ALL_BUILT if ".mc." not in n and ".br64." not in n and ".bc192." not in n]
+    # Without the multicast, 64-row, 192-key and run-time-tile builds the policy picks as before them.
+    older = [n for n in ALL_BUILT if ".mc." not in n and ".br64." not in n and ".bc192." not in n
+             and not n.endswith(".dyn")]
     assert dispatch.choose_config(h100, Problem("fp16", 128, 16384, 16384, 64, False), older)[0] == \
         "sm90.fp16.d128.br128.bc176.tmao"
     assert dispatch.choose_config(h100, Problem("fp16", 64, 512, 512, 64, True), older)[0] == \

@@ -109,8 +109,13 @@ CONFIGS = [
     "sm90.fp16.d128.br128.bc192.tmao",
     "sm90.bf16.d128.br128.bc192.mc.tmao",
     "sm90.fp16.d128.br128.bc192.mc.tmao",
+    # persistent, tiles taken at run time (a global counter)
+    "sm90.bf16.d128.br128.bc128.pers.dyn",
+    "sm90.fp16.d128.br128.bc128.pers.dyn",
+    "sm90.bf16.d64.br128.bc128.pers.dyn",
+    "sm90.fp16.d64.br128.bc128.pers.dyn",
 ]
-TMA_STORE_CONFIGS = [n for n in CONFIGS if n.endswith((".tmao", ".pers", ".pers.lpt"))]
+TMA_STORE_CONFIGS = [n for n in CONFIGS if n.endswith((".tmao", ".pers", ".pers.lpt", ".pers.dyn"))]
 
 
 def reference(q, k, v, scale, causal, dtype=torch.float64):
@@ -339,8 +344,8 @@ def tma_store_reference(name):
     """The config test_tma_store_matches_plain_store compares `name` with: the plain-store config of the same
     shape (the name minus its last suffix) where it is in CONFIGS; else, for a ".pers" config, the ".tmao" one
     of the same shape (B_c = 176 has no plain-store build; the persistent kernel's tile walk, Q/O-staging
-    hand-over and K/V ring phases across tiles are then what differs); a ".pers.lpt" config: its ".pers"
-    sibling (only the tile order differs); a ".st3" config: its 2-stage sibling (only the K/V ring depth
+    hand-over and K/V ring phases across tiles are then what differs); a ".pers.lpt" or ".pers.dyn" config:
+    its ".pers" sibling (only the tile order differs); a ".st3" config: its 2-stage sibling (only the K/V ring depth
     differs); a ".cta3" config: its two-CTA sibling (only the register budget differs); a ".mc" config: the same kernel without multicast (only where K/V come from differs). None:
     nothing to compare with."""
     if ".mc." in name:
@@ -350,7 +355,7 @@ def tma_store_reference(name):
         if suffix in name:
             sibling = name.replace(suffix, ".")
             return sibling if sibling in CONFIGS else None
-    if name.endswith(".pers.lpt"):
+    if name.endswith((".pers.lpt", ".pers.dyn")):
         sibling = name[: -len(".lpt")]
         return sibling if sibling in CONFIGS else None
     plain = name.rsplit(".", 1)[0]
@@ -365,7 +370,7 @@ def tma_store_reference(name):
 def test_tma_store_matches_plain_store(name):
     """The TMA-store epilogue writes what the plain-store kernel writes (same main loop, so equal up to
     rounding of fused operations: a swizzle or row mistake would be far off); see tma_store_reference.
-    ".pers.lpt" against ".pers" and ".mc" against its sibling: the same code per tile (in another tile
+    ".pers.lpt" and ".pers.dyn" against ".pers" and ".mc" against its sibling: the same code per tile (in another tile
     order; with K/V loaded by two CTAs), so bit for bit equal."""
     if name not in built():
         pytest.skip(f"{name} not built")
@@ -382,7 +387,7 @@ def test_tma_store_matches_plain_store(name):
         out, lse = sm90.forward(q, k, v, D ** -0.5, causal, name)
         ref_out, ref_lse = sm90.forward(q, k, v, D ** -0.5, causal, plain)
         torch.cuda.synchronize()
-        if name.endswith(".lpt") or ".mc." in name:
+        if name.endswith((".lpt", ".dyn")) or ".mc." in name:
             assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), f"{name} vs {plain} (causal={causal})"
             continue
         torch.testing.assert_close(out.float(), ref_out.float(), rtol=2 * torch.finfo(dtype).eps, atol=1e-5,

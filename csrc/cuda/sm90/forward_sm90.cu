@@ -60,7 +60,9 @@ StreamKPlan stream_k_plan(const FwdParams& p, int64_t tiles, int grid) {
 
 template <class T>
 std::size_t fwd_workspace_bytes(const FwdParams& p) {
-  if constexpr (!T::kStreamK) {
+  if constexpr (T::kDynamic) {
+    return 16;  // the counter of tiles taken
+  } else if constexpr (!T::kStreamK) {
     return 0;
   } else {
     int64_t tiles = 0;
@@ -125,10 +127,15 @@ cudaError_t launch_fwd(const FwdParams& params, void* workspace, cudaStream_t st
       err = persistent_grid<T>(p, &tiles, &ctas);
       if (err != cudaSuccess) return err;
       grid = dim3(static_cast<unsigned>(ctas), 1, 1);
+      if constexpr (T::kDynamic) {
+        if (workspace == nullptr) return cudaErrorInvalidValue;
+        p.workspace = workspace;
+        err = cudaMemsetAsync(workspace, 0, sizeof(int), stream);
+        if (err != cudaSuccess) return err;
+      }
       const StreamKPlan plan = stream_k_plan<T>(p, tiles, ctas);
       p.stream_k = plan.on;
       p.stream_k_tile0 = plan.tile0;
-      p.workspace = nullptr;
       if (plan.on) {
         // fwd_workspace_bytes asked for it: partial results, then one flag per (CTA, consumer
         // warpgroup), which must start at 0.
@@ -238,6 +245,11 @@ using Bf16D128Bc192Tmao = Sm90FwdTraits<true, 128, 128, 192, true, true>;
 using Fp16D128Bc192Tmao = Sm90FwdTraits<false, 128, 128, 192, true, true>;
 using Bf16D128Bc192McTmao = Sm90FwdTraits<true, 128, 128, 192, true, true, false, false, 2, true>;
 using Fp16D128Bc192McTmao = Sm90FwdTraits<false, 128, 128, 192, true, true, false, false, 2, true>;
+// Persistent with tiles taken at run time ("pers.dyn"): d128 and d64 at B_c = 128 (own O tile, two Q buffers).
+using Bf16D128PersDyn = Sm90FwdTraits<true, 128, 128, 128, true, true, true, false, 2, false, 0, true>;
+using Fp16D128PersDyn = Sm90FwdTraits<false, 128, 128, 128, true, true, true, false, 2, false, 0, true>;
+using Bf16D64PersDyn = Sm90FwdTraits<true, 64, 128, 128, true, true, true, false, 2, false, 0, true>;
+using Fp16D64PersDyn = Sm90FwdTraits<false, 64, 128, 128, true, true, true, false, 2, false, 0, true>;
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
@@ -320,6 +332,11 @@ const Sm90FwdKernel kKernels[] = {
     entry<Fp16D128Bc192Tmao>("sm90.fp16.d128.br128.bc192.tmao"),
     entry<Bf16D128Bc192McTmao>("sm90.bf16.d128.br128.bc192.mc.tmao"),
     entry<Fp16D128Bc192McTmao>("sm90.fp16.d128.br128.bc192.mc.tmao"),
+    // Persistent, tiles taken at run time.
+    entry<Bf16D128PersDyn>("sm90.bf16.d128.br128.bc128.pers.dyn"),
+    entry<Fp16D128PersDyn>("sm90.fp16.d128.br128.bc128.pers.dyn"),
+    entry<Bf16D64PersDyn>("sm90.bf16.d64.br128.bc128.pers.dyn"),
+    entry<Fp16D64PersDyn>("sm90.fp16.d64.br128.bc128.pers.dyn"),
 };
 
 }  // namespace

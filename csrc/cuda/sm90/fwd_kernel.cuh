@@ -99,7 +99,7 @@ namespace sm90 {
 
 template <bool kBf16_, int kHeadDim_, int kBlockM_, int kBlockN_, bool kPingPong_ = true,
           bool kTmaStore_ = false, bool kPersistent_ = false, bool kLongestFirst_ = false, int kStages_ = 2,
-          bool kMulticast_ = false, int kCtasPerSm_ = 0>
+          bool kMulticast_ = false, int kCtasPerSm_ = 0, bool kDynamic_ = false>
 struct Sm90FwdTraits {
   static constexpr bool kBf16 = kBf16_;
   // Named-barrier ping-pong between the consumer warpgroups (off: "nopp"
@@ -115,6 +115,10 @@ struct Sm90FwdTraits {
   // K/V tiles shared by a cluster of two CTAs through TMA multicast ("mc"; see the top of the file).
   // Launched with a cluster shape of 2 or none; the kernel reads which from %cluster_nctarank.
   static constexpr bool kMulticast = kMulticast_;
+  // Persistent tiles taken at run time ("pers.dyn"): each CTA's producer takes its next tile from a
+  // global counter (atomicAdd) and hands the tile number to its consumers with the tile's Q (see
+  // fwd_sm90_body), so CTAs that drew short (causal) tiles simply take more of them.
+  static constexpr bool kDynamic = kDynamic_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -181,9 +185,10 @@ struct Sm90FwdTraits {
                                    3 * kQBytes + kKVRingBytes + 8 * (4 + 4 * kStages) + 1024 <= 227 * 1024;
   static constexpr int kQBuffers = kDoubleQ ? 2 : 1;
   // Split tail (non-causal, where the launcher asks for it; see fwd_sm90_body): the tiles of the last
-  // two waves are shared out over the CTAs by key tiles. The persistent kernels with their own O tile
-  // only: their epilogue needs no q_empty arrival, so a part that stores nothing changes no hand-over.
-  static constexpr bool kStreamK = kSeparateO && !kLongestFirst && FLASHOP_SM90_STREAM_K;
+  // two waves are shared out over the CTAs by key tiles. Persistent kernels in the plain tile order.
+  static constexpr bool kStreamK = kPersistent && !kLongestFirst && !kDynamic && FLASHOP_SM90_STREAM_K;
+  static_assert(!kDynamic || (kPersistent && !kLongestFirst && kSeparateO),
+                "tiles taken at run time: the persistent kernel with its own O tile, in the plain tile order");
   // A part's partial result in the workspace, per CTA: for each consumer warpgroup, D/8 float4 of O
   // (unnormalised) and one float4 (m0, m1, l0, l1) for each of its 128 threads, thread-fastest; then
   // one int flag per (CTA, warpgroup) after all CTAs' data.
@@ -208,7 +213,8 @@ struct Sm90FwdTraits {
   // barriers: q_full, full_k[S], full_v[S], empty_k[S], empty_v[S] (S = kStages; + q_empty when persistent;
   // + q_full and q_empty of the second Q buffer)
   static constexpr int kNumBars = 1 + 4 * kStages + (kPersistent ? 1 : 0) + (kDoubleQ ? 2 : 0);
-  static constexpr int kSmemUsed = kBarOff + 8 * kNumBars;
+  // kDynamic: after the barriers, the tile number of each Q buffer's tile (int; >= the tile count: no more).
+  static constexpr int kSmemUsed = kBarOff + 8 * kNumBars + (kDynamic ? 8 : 0);
   static constexpr int kSmemBytes = kSmemUsed + 1024;  // + slack for 1024-byte alignment
   // sm_90 opt-in maximum per block (227 KiB). D = 256: Q 64 KiB + 2 x (K + V) 32 KiB each at
   // B_c = 64 = 192 KiB (+ barriers + slack = 197 704 B); B_c = 128 would need 320 KiB.
@@ -371,6 +377,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // The phase parity of tile k's q_full (consumers) and, for k >= kQBuffers, of the q_empty phase the
   // producer waits for before it reloads the buffer: the buffer's use number k / kQBuffers.
   auto q_full_parity = [&](uint32_t k) { return (k / T::kQBuffers) & 1; };
+  // kDynamic: the tile number of Q buffer k % kQBuffers's current tile.
+  auto tile_slot = [&](uint32_t k) { return bar_q + 8u * T::kNumBars + 4u * (k % T::kQBuffers); };
   auto q_empty_parity = [&](uint32_t k) { return (k / T::kQBuffers - 1) & 1; };
 
   // The current tile. Non-persistent: one per CTA, highest query tiles first
@@ -546,7 +554,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       if constexpr (T::kPersistent) {
         uint32_t g0 = 0;  // K/V loads issued by this CTA before the current tile
         uint32_t k = 0;   // index of the current tile within this CTA
-        walk([&](int) {
+        // The current tile's loads; slot_tile: its number for the consumers (kDynamic).
+        auto produce_tile = [&](int slot_tile) {
           const int kv_head = head / p.head_ratio;
           // Two Q buffers: Q first, its buffer was freed by tile k-2's last S, long
           // before. One: K_0, K_1, V_0 first, they do not wait for anything of this
@@ -558,6 +567,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
           // (k-1, or k-2 with two buffers): their epilogue is complete (the O
           // staging lives in Q), or (kSeparateO) their last S.
           if (k >= T::kQBuffers) mbar_wait(bar_q_empty(k), q_empty_parity(k));
+          // Published by the q_full phase below (arrive: release; the consumers' wait: acquire).
+          if constexpr (T::kDynamic) st_shared_b32(tile_slot(k), static_cast<uint32_t>(slot_tile));
           if (n_tiles > 0) load_q(k);
           else mbar_arrive(bar_q_full(k));  // q_full phase k without Q (hand-shake only)
           // K_2 onwards waits for slots that S_0, S_1, ... of this tile free
@@ -565,7 +576,25 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
           for (int i = pre; i < 2 * n_tiles; ++i) load_item(g0, i, n_tiles, kv_head);
           g0 += n_tiles;
           ++k;
-        });
+        };
+        if constexpr (T::kDynamic) {
+          // Tiles blockIdx.x first, then gridDim.x + (the counter's count of earlier takes): every tile
+          // exactly once, in the plain order (a head's heaviest causal tiles first, the heads in turn).
+          int* taken = static_cast<int*>(p.workspace);  // zeroed by the launcher
+          for (int t = blockIdx.x; t < total_tiles;) {
+            const int next = atomicAdd(taken, 1) + static_cast<int>(gridDim.x);  // used after this tile's loads
+            set_tile(t);
+            produce_tile(t);
+            t = next;
+          }
+          // No more: a last q_full phase with a tile number past the end (the buffer's previous tile has
+          // been read, as before any load into it).
+          if (k >= T::kQBuffers) mbar_wait(bar_q_empty(k), q_empty_parity(k));
+          st_shared_b32(tile_slot(k), static_cast<uint32_t>(total_tiles));
+          mbar_arrive(bar_q_full(k));
+        } else {
+          walk([&](int) { produce_tile(0); });
+        }
       } else if (n_tiles > 0) {
         const int kv_head = head / p.head_ratio;
         load_q(0);
@@ -823,7 +852,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     l[0] = 0.f;
     l[1] = 0.f;
     // Persistent: the q_full hand-shake happens on every tile (see above).
-    if constexpr (T::kPersistent) mbar_wait(bar_q_full(k), q_full_parity(k));
+    if constexpr (T::kPersistent && !T::kDynamic) mbar_wait(bar_q_full(k), q_full_parity(k));
 
     if (n_tiles > 0) {
       if constexpr (kTurns && !kTurnsAcrossTiles) {
@@ -914,7 +943,14 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       }
     } else {
       if constexpr (T::kStreamK) {
-        if (role == kPartOut) return store_partial();  // no O, no lse: the tile's other part writes them
+        if (role == kPartOut) {  // no O, no lse: the tile's other part writes them
+          store_partial();
+          // O staged in Q: this part stages nothing, and its wgmmas (Q's readers) are complete.
+          if constexpr (!T::kSeparateO) {
+            if (ctid == 0) mbar_arrive(bar_q_empty(k));
+          }
+          return;
+        }
         if (role == kPartIn) merge_partial();
       }
       // Staging = rows 64c..64c+63 of every Q column block (see the traits).
@@ -990,11 +1026,24 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     if constexpr (kTurnsAcrossTiles) {
       if (c == 1) named_bar_arrive<1, kTurnThreads>();  // opens warpgroup 0's first turn
     }
-    walk([&](int role) {
-      run_tile(g0, k, role);
-      g0 += n_tiles;
-      ++k;
-    });
+    if constexpr (T::kDynamic) {
+      // The producer's tile numbers, one per q_full phase, until one past the end.
+      while (true) {
+        mbar_wait(bar_q_full(k), q_full_parity(k));
+        const int t = static_cast<int>(ld_shared_b32(tile_slot(k)));
+        if (t >= total_tiles) break;
+        set_tile(t);
+        run_tile(g0, k, kWholeTile);
+        g0 += n_tiles;
+        ++k;
+      }
+    } else {
+      walk([&](int role) {
+        run_tile(g0, k, role);
+        g0 += n_tiles;
+        ++k;
+      });
+    }
     if constexpr (kTurnsAcrossTiles) {
       if (c == 0) named_bar_sync<1, kTurnThreads>();  // warpgroup 1's hand-over after its last turn
     }

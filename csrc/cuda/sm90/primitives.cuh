@@ -167,6 +167,14 @@ __device__ __forceinline__ void st_release_gpu(int* flag, int v) {
 #endif
 }
 
+__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
+  uint32_t v = 0;
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+#endif
+  return v;
+}
+
 __device__ __forceinline__ int ld_acquire_gpu(const int* flag) {
   int v = 0;
 #ifdef FLASHOP_SM90_ENABLED
