@@ -182,15 +182,14 @@ LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 1024)}
 # non-causal 1k 556 / 536 vs 497 / 482 for the 192-key tile, 2k 580 / 559 vs 574 / 559, 4k 591 / 565 vs
 # 600 / 583; d64 non-causal 512 (bf16) 362 vs 348 for three CTAs per SM. With the split tail (session 11,
 # H100, bf16, forced configs): d128 non-causal 2k 597 vs 571 for the 192-key multicast build, 4k 603 vs
-# 610, 8k 621 vs 635; d64 non-causal 1k 397 vs 389 for the 192-row tile, 2k 414 vs 453, but fp16 1k in
-# the fourteenth benchmark run 367 vs 385 for the 192-row tile in the thirteenth, so d64 keeps the
-# 192-row tile from 1k. d256 (no room
+# 610, 8k 621 vs 635; d64 non-causal 1k 397 vs 389 for the 192-row tile (fp16, H200, same process: 380
+# vs 373, three CTAs per SM 360), 2k 414 vs 453. d256 (no room
 # for the O tile) keeps one tile per CTA. Causal problems run it with tiles taken at run
 # time ("pers.dyn", session 11, H100, bf16): d128 causal 512 334 vs 295 for two CTAs per SM, 1k 410 vs
 # 399 for one tile per CTA, 2k 490 vs 488 for the multicast build (kept there); d64 causal 2k 361 vs 354
 # for three CTAs per SM and 355 for the 192-row tile (below 2k three CTAs per SM stay ahead: 258 / 317
 # vs 250 / 316).
-PERSISTENT_HOPPER_BELOW = {64: (1024, 4096), 128: (4096, 2048)}
+PERSISTENT_HOPPER_BELOW = {64: (2048, 4096), 128: (4096, 2048)}
 # Seqlen_k (non-causal, causal) below which several CTAs per SM of 64 query rows each (one consumer
 # warpgroup) are picked, ahead of the persistent kernel: one CTA's prologue and epilogue run under the
 # others' GEMMs. Three per SM where built ("cta3": d64), else two ("br64": d128). H100 (2026-11-22, the

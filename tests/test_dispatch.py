@@ -68,12 +68,12 @@ def test_hopper_variant_by_length():
     no_cta3 = [n for n in ALL_BUILT if ".cta3." not in n]
     assert dispatch.choose_config(h100, Problem("fp16", 64, 512, 512, 64, True), no_cta3)[0] == \
         "sm90.fp16.d64.br64.bc128.tmao"
-    assert pick(512, False, 64) == "sm90.fp16.d64.br128.bc128.pers"
+    assert pick(512, False, 64) == pick(1024, False, 64) == "sm90.fp16.d64.br128.bc128.pers"
     assert pick(512, False) == pick(1024, False) == pick(2048, False) == "sm90.fp16.d128.br128.bc128.pers"
     # Longer: one tile per CTA, the wider tiles from LARGE_HOPPER_TILE_FROM.
     assert pick(4096, False) == pick(8192, True) == pick(16384, True) == \
         "sm90.fp16.d128.br128.bc192.tmao"  # wide key tiles
-    assert pick(1024, False, 64) == pick(4096, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
+    assert pick(2048, False, 64) == pick(4096, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
     assert pick(512, False, 256) == pick(512, True, 256) == "sm90.fp16.d256.br128.bc64.tmao"
     assert pick(1024, False, 256) == "sm90.fp16.d256.br128.bc80.tmao"
     # Long non-causal: the K/V multicast build of the one-tile pick.
