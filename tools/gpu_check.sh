@@ -17,7 +17,8 @@
 # profile: Nsight Compute on one kernel launch of tools/profile_case.py (PROFILE_ARGS, PROFILE_KERNEL);
 #   the report, its details page, and a per-instruction stall listing (tools/ncu_sass_listing.py).
 # TEST_K narrows the test stage (pytest -k expression); AB_TUNER=0 skips the tuner half of ab.
-# SANITIZE_CONFIGS (config patterns) and SANITIZE_TOOLS narrow the sanitizer stage.
+# SANITIZE_CONFIGS (fnmatch patterns over config names; the Hopper ones start with "sm90.") and SANITIZE_TOOLS narrow
+# the sanitizer stage (default: every bf16 config, mma.sync and Hopper).
 # quick: a short benchmark (seqlens 1k/4k/16k, d64/d128, bf16). Extra arguments for the benchmark
 # go in BENCH_ARGS. Offline wheels under .whl/ (e.g. expecttest) are installed first.
 set -uo pipefail
@@ -54,7 +55,7 @@ fi
 if has sanitize; then
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
     step "compute-sanitizer $tool"
-    compute-sanitizer --tool $tool --error-exitcode 3 python3 tools/sanitize_cases.py ${SANITIZE_CONFIGS:-"bf16.d64.*" "bf16.d128.*" "bf16.d256.*"} > "$OUT/sanitize_$tool.log" 2>&1
+    compute-sanitizer --tool $tool --error-exitcode 3 python3 tools/sanitize_cases.py ${SANITIZE_CONFIGS:-"bf16.d64.*" "bf16.d128.*" "bf16.d256.*" "sm90.bf16.*"} > "$OUT/sanitize_$tool.log" 2>&1
     rc=$?
     tail -4 "$OUT/sanitize_$tool.log"
     [ $rc -eq 0 ] || { echo "sanitizer $tool failed (rc=$rc)"; status=1; }
