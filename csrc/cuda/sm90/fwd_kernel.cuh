@@ -1027,10 +1027,12 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       if (c == 1) named_bar_arrive<1, kTurnThreads>();  // opens warpgroup 0's first turn
     }
     if constexpr (T::kDynamic) {
-      // The producer's tile numbers, one per q_full phase, until one past the end.
+      // The producer's tile numbers, one per q_full phase, until one past the end. Lane 0 reads the slot
+      // for its warp: it is the lane whose q_empty arrival (after the tile's last S) releases the slot
+      // for the producer's next write, so that arrival orders the read before it.
       while (true) {
         mbar_wait(bar_q_full(k), q_full_parity(k));
-        const int t = static_cast<int>(ld_shared_b32(tile_slot(k)));
+        const int t = static_cast<int>(__shfl_sync(0xffffffffu, lane == 0 ? ld_shared_b32(tile_slot(k)) : 0u, 0));
         if (t >= total_tiles) break;
         set_tile(t);
         run_tile(g0, k, kWholeTile);
