@@ -35,6 +35,12 @@
 //     loads during tile k) and waits for an O store's read only before the next one.
 //   B_c > 128: the last key tile's P V runs only over the 64-key blocks that hold
 //     a visible key (the "narrow last key tile").
+//   kStreamK (the plain "pers" order, non-causal, when the launcher asks): the tiles of the
+//     last two waves are dealt out over all CTAs in equal runs of key tiles; a tile cut in two
+//     is finished by the CTA holding its last keys, from the other part's partial O, max and
+//     sum in a global workspace (flag per CTA; see walk in fwd_sm90_body).
+//   kDynamic ("pers.dyn"): the producer takes each next tile from a global counter and hands
+//     its number to the consumers in shared memory with the tile's Q (causal balance).
 //   kLongestFirst ("pers.lpt", implies kPersistent): the same kernel, tiles
 //     numbered with the query tile varying slowest (longest causal tiles of all
 //     heads first), so every step of the static stride hands the CTAs tiles of
