@@ -43,10 +43,11 @@ struct FwdParams {
   float scale_log2;  // softmax_scale * log2(e): exp(x*scale) = exp2(x*scale_log2)
   bool causal;       // bottom-right aligned: query i sees key j iff j <= i + Sk - Sq
 
-  // Split tail of the sm_90a persistent kernels (set by their launcher, unused elsewhere): with
-  // stream_k, the query tiles from stream_k_tile0 on are shared out over the CTAs in equal runs of
-  // key tiles, and a tile cut in two is finished by the CTA that holds its last keys, from the other
-  // part's partial O, max and sum in `workspace` (layout: fwd_kernel.cuh).
+  // Set by the sm_90a persistent kernels' launcher, unused elsewhere. Split tail: with stream_k, the
+  // query tiles from stream_k_tile0 on are shared out over the CTAs in equal runs of key tiles, and a
+  // tile cut in two is finished by the CTA that holds its last keys, from the other part's partial O,
+  // max and sum in `workspace` (layout: fwd_kernel.cuh). "pers.dyn": `workspace` holds the counter of
+  // tiles taken.
   bool stream_k;
   int stream_k_tile0;
   void* workspace;

@@ -94,7 +94,7 @@
 #ifndef FLASHOP_SM90_DOUBLE_Q
 #define FLASHOP_SM90_DOUBLE_Q 1
 #endif
-// Persistent kernel with its own O tile: the split tail (stream_k in FwdParams; 0 builds the kernel
+// Persistent kernels in the plain tile order: the split tail (stream_k in FwdParams; 0 builds them
 // without it, and the launcher never asks for it).
 #ifndef FLASHOP_SM90_STREAM_K
 #define FLASHOP_SM90_STREAM_K 1
@@ -446,15 +446,13 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         set_tile(t);
         item(kWholeTile);
       }
-      return;
-    }
-    const bool split = p.stream_k;
-    const int b = blockIdx.x;
-    const int whole_end = split ? p.stream_k_tile0 : total_tiles;
-    const int n_whole = b < whole_end ? (whole_end - b + gridDim.x - 1) / gridDim.x : 0;
-    int n_items = n_whole;
-    int n = 0, u0 = 0, u1 = 0;  // the split part's key tiles per tile and this CTA's run [u0, u1)
-    if constexpr (T::kStreamK) {
+    } else {
+      const bool split = p.stream_k;
+      const int b = blockIdx.x;
+      const int whole_end = split ? p.stream_k_tile0 : total_tiles;
+      const int n_whole = b < whole_end ? (whole_end - b + gridDim.x - 1) / gridDim.x : 0;
+      int n_items = n_whole;
+      int n = 0, u0 = 0, u1 = 0;  // the split part's key tiles per tile and this CTA's run [u0, u1)
       if (split) {
         n = num_key_tiles<T>(p, 0);
         const int units = (total_tiles - p.stream_k_tile0) * n;  // < 2^31 (launcher)
@@ -463,20 +461,20 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         u1 = u0 + per + (b < extra ? 1 : 0);
         n_items += (u1 - 1) / n - u0 / n + 1;
       }
-    }
-    for (int i = 0; i < n_items; ++i) {
-      int role = kWholeTile;
-      if (i < n_whole) {
-        set_tile(b + i * gridDim.x);
-      } else {
-        const int tt = (u1 - 1) / n - (i - n_whole);  // from the run's last tile down
-        set_tile(p.stream_k_tile0 + tt);
-        const int kb = max(u0 - tt * n, 0), ke = min(u1 - tt * n, n);
-        key_tile0 = kb;
-        n_tiles = ke - kb;
-        role = ke < n ? kPartOut : kb > 0 ? kPartIn : kWholeTile;
+      for (int i = 0; i < n_items; ++i) {
+        int role = kWholeTile;
+        if (i < n_whole) {
+          set_tile(b + i * gridDim.x);
+        } else {
+          const int tt = (u1 - 1) / n - (i - n_whole);  // from the run's last tile down
+          set_tile(p.stream_k_tile0 + tt);
+          const int kb = max(u0 - tt * n, 0), ke = min(u1 - tt * n, n);
+          key_tile0 = kb;
+          n_tiles = ke - kb;
+          role = ke < n ? kPartOut : kb > 0 ? kPartIn : kWholeTile;
+        }
+        item(role);
       }
-      item(role);
     }
   };
 

@@ -159,20 +159,20 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
 #endif
 }
 
-// A flag in global memory between CTAs of one grid (the persistent kernel's split tiles): the writer
-// publishes data with a release store, the reader spins with acquire loads until it sees it.
-__device__ __forceinline__ void st_release_gpu(int* flag, int v) {
-#ifdef FLASHOP_SM90_ENABLED
-  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(v) : "memory");
-#endif
-}
-
 __device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
   uint32_t v = 0;
 #ifdef FLASHOP_SM90_ENABLED
   asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
 #endif
   return v;
+}
+
+// A flag in global memory between CTAs of one grid (the persistent kernel's split tiles): the writer
+// publishes data with a release store, the reader spins with acquire loads until it sees it.
+__device__ __forceinline__ void st_release_gpu(int* flag, int v) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(v) : "memory");
+#endif
 }
 
 __device__ __forceinline__ int ld_acquire_gpu(const int* flag) {

@@ -20,7 +20,8 @@ struct Sm90FwdKernel {
   // on `stream` (persistent configs: one CTA per SM of the current device);
   // returns the status.
   // Needs: 16-byte aligned base pointers, strides (in bytes) multiples of 16, and a device buffer of
-  // workspace_bytes(params) bytes when that is not 0 (the persistent kernels' split tail).
+  // workspace_bytes(params) bytes when that is not 0 (the persistent kernels' split tail, the
+  // "pers.dyn" tile counter).
   cudaError_t (*launch)(const FwdParams&, void* workspace, cudaStream_t);
   std::size_t (*workspace_bytes)(const FwdParams&);
   DType dtype;
