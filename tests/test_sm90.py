@@ -313,6 +313,65 @@ def test_split_tail(name, causal, case):
     check(name, rand(1, 200, Hq, D, dtype), rand(1, Sk, 1, D, dtype), rand(1, Sk, 1, D, dtype), causal)
 
 
+SPLIT_LAST_WAVE_CONFIGS = [n for n in TMA_STORE_CONFIGS if flashop.configs.HopperConfig.parse(n).split_last_wave]
+SPLIT_LAST_WAVE_CASES = {  # name: (query heads from the SM count, Sq, Sk, whether the split runs)
+    # 2 query tiles per head (3 at B_r = 192 would not pair up: 200 rows are 2 tiles there too); the SMs
+    # plus 4 tiles: the last 4 (2 multicast pairs) run in pieces
+    "a few tiles past whole rounds": (lambda sms: sms // 2 + 2, 200, 2000, True),
+    "fewer tiles than SMs": (lambda sms: 3, 200, 3000, True),      # the whole grid in pieces
+    "odd query tiles": (lambda sms: sms // 3 + 2, 300, 1500, True),  # 3 tiles a head: no multicast pairs
+    "whole rounds": (lambda sms: sms // 2, 200, 2000, False),       # no idle SM: no split
+    "one key tile": (lambda sms: 3, 200, 60, False),                # nothing to cut
+}
+
+
+@pytest.mark.parametrize("name", SPLIT_LAST_WAVE_CONFIGS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", list(SPLIT_LAST_WAVE_CASES))
+def test_split_last_wave(name, causal, case):
+    """The one-tile-per-CTA kernels' split last wave: whether it runs (config_workspace > 0; never causal)
+    and the values of tiles merged from several pieces (MQA, a ragged last key tile, short last query tiles)."""
+    if name not in built():
+        pytest.skip(f"{name} not built")
+    dtype, D, _, _ = parse(name)
+    heads, Sq, Sk, split = SPLIT_LAST_WAVE_CASES[case]
+    Hq = heads(torch.cuda.get_device_properties(0).multi_processor_count)
+    if "br192" in name and case == "odd query tiles":
+        Sq = 500  # 3 tiles of 192 rows
+    assert (sm90.config_workspace(name, 1, Sq, Sk, Hq, causal) > 0) == (split and not causal)
+    check(name, rand(1, Sq, Hq, D, dtype), rand(1, Sk, 1, D, dtype), rand(1, Sk, 1, D, dtype), causal)
+
+
+@pytest.mark.parametrize("name", [n for n in SPLIT_LAST_WAVE_CONFIGS if n.startswith("sm90.bf16.")])
+def test_split_last_wave_in_cuda_graph(name):
+    """Replays of a captured launch: the arrival counters are zeroed on every replay (a count left over would
+    let a piece merge before the others have stored their parts, or let no piece write the rows); the result
+    is the same bits as an eager launch's, and right."""
+    if name not in built():
+        pytest.skip(f"{name} not built")
+    dtype, D, _, _ = parse(name)
+    Hq = 3
+    assert sm90.config_workspace(name, 2, 200, 3000, Hq, False) > 0
+    q, k, v = rand(2, 200, Hq, D, dtype), rand(2, 3000, Hq, D, dtype), rand(2, 3000, Hq, D, dtype)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        sm90.forward(q, k, v, D ** -0.5, False, name)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = sm90.forward(q, k, v, D ** -0.5, False, name)
+    for _ in range(3):
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        graph.replay()
+        ref_out, ref_lse = sm90.forward(q, k, v, D ** -0.5, False, name)
+        torch.cuda.synchronize()
+        # Bitwise: the pieces are merged in a fixed order, whichever finishes last.
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    check(name, q, k, v, False)
+
+
 @pytest.mark.parametrize("name", [n for n in PERSISTENT_CONFIGS if flashop.configs.HopperConfig.parse(n).split_tail])
 def test_split_tail_in_cuda_graph(name):
     """Replays of a captured launch: the workspace flags are cleared on every replay (a flag left set would let

@@ -2,7 +2,7 @@
 # The GPU machine in one command: build with all cores, CUDA tests, compute-sanitizer on small
 # shapes, the CUDA benchmark; logs, the report (markdown + PNG) and the build report under $OUT.
 #
-#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick] [compare] [ab] [abbuild] [policy] [profile]
+#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick] [compare] [ab] [abbuild] [envab] [policy] [profile]
 #   (none named: build test sanitize bench)
 #
 # compare: every candidate config timed per shape, relative to the fastest (no cache written);
@@ -10,6 +10,8 @@
 # abbuild: a kernel experiment across two builds of the Hopper module: the current build (A) against a
 #   rebuild with FLASHOP_SM90_NVCC_FLAGS=$ABB_FLAGS (B); ABB_TEST (pytest -k expression) tests B first;
 #   then the benchmark (AB_ARGS) runs ABB_ROUNDS times per side, sides alternating. B stays installed.
+# envab: the benchmark (AB_ARGS) with and without the environment setting ENVAB (e.g.
+#   "FLASHOP_SM90_SPLIT_LAST_WAVE=0"), sides alternating, ABB_ROUNDS times each: A default, B with it.
 # policy: tune, then measure the policy's picks against the best config per shape.
 # ab: the benchmark (flashop.bench, its own runner and peers) once per config named in AB_CONFIGS, then the
 #   tuner's timing of the same shapes, so the two harnesses can be compared on one machine; AB_ARGS
@@ -104,6 +106,15 @@ if has abbuild; then
       python3 -m flashop.bench --device cuda --modes fwd ${AB_ARGS:-} 2>&1 | grep "^| [bf]" \
         | sed "s/^/$side$round /" | tee -a "$OUT/abb.log"
     done
+  done
+fi
+if has envab; then
+  step "a/b by environment: B = ${ENVAB:?ENVAB names the setting of side B}"
+  for round in $(seq "${ABB_ROUNDS:-2}"); do
+    python3 -m flashop.bench --device cuda --modes fwd ${AB_ARGS:-} 2>&1 | grep "^| [bf]" | sed "s/^/A$round /" \
+      | tee -a "$OUT/envab.log"
+    env "$ENVAB" python3 -m flashop.bench --device cuda --modes fwd ${AB_ARGS:-} 2>&1 | grep "^| [bf]" \
+      | sed "s/^/B$round /" | tee -a "$OUT/envab.log"
   done
 fi
 if has policy; then

@@ -43,7 +43,7 @@ struct FwdParams {
   float scale_log2;  // softmax_scale * log2(e): exp(x*scale) = exp2(x*scale_log2)
   bool causal;       // bottom-right aligned: query i sees key j iff j <= i + Sk - Sq
 
-  // Set by the sm_90a persistent kernels' launcher, unused elsewhere. Split tail: with stream_k, the
+  // Set by the sm_90a launchers, unused elsewhere. Split tail: with stream_k, the
   // query tiles from stream_k_tile0 on are shared out over the CTAs in equal runs of key tiles, and a
   // tile cut in two is finished by the CTA that holds its last keys, from the other part's partial O,
   // max and sum in `workspace` (layout: fwd_kernel.cuh). "pers.dyn": `workspace` holds the counter of
@@ -51,6 +51,11 @@ struct FwdParams {
   bool stream_k;
   int stream_k_tile0;
   void* workspace;
+  // Split last wave of the sm_90a one-tile-per-CTA kernels (with stream_k): the tiles from
+  // stream_k_tile0 on (split_tiles of them) run as split_pieces pieces of their key range each, one CTA
+  // per piece; the last to finish a row block merges the others' partial results from `workspace`.
+  int split_pieces;
+  int split_tiles;
 };
 
 inline uint32_t fwd_head_ratio_magic(int head_ratio) {

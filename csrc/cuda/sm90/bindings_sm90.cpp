@@ -146,7 +146,8 @@ int64_t config_smem(const std::string& name) {
 }
 
 // Scratch bytes a forward launch of a built config takes for these sizes on the current device (0: none;
-// > 0: the persistent kernel splits its last waves' tiles, see forward_sm90.cu). For tests and tools.
+// > 0: the persistent kernel splits its last waves' tiles, or a one-tile-per-CTA kernel its last wave; see
+// forward_sm90.cu). For tests and tools.
 int64_t config_workspace(const std::string& name, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
                          int64_t heads_q, bool causal) {
   const Sm90FwdKernel* k = find_kernel(name);

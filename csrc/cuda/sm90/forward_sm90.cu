@@ -7,7 +7,10 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "fwd_kernel.cuh"
 #include "registry_sm90.cuh"
@@ -58,10 +61,83 @@ StreamKPlan stream_k_plan(const FwdParams& p, int64_t tiles, int grid) {
   return plan;
 }
 
+// Split last wave (T::kSplitTail; fwd_kernel.cuh): a one-tile-per-CTA grid of equal (non-causal) tiles
+// runs in rounds of one tile per SM, and a last round that is only partly filled leaves SMs idle (4096
+// tiles on 132 SMs: 31 full rounds and 4 tiles, 3% of the time). The last tiles are instead run as k
+// pieces of their key range each, in CTAs launched after all whole tiles, so the last round is short.
+// Multicast builds launched in clusters count pairs of tiles and pairs of SMs.
+// The plan is the cheapest of: no split; the last `rest` tiles (tiles % SMs) in k pieces; the last
+// rest + SMs tiles in k pieces (2 <= k <= min(key tiles, 32)), by a model of the time per SM in key
+// tiles: a CTA costs its key tiles + kSplitFixed (set-up, first loads, the first S alone, epilogue;
+// ~10% of a 2k-key CTA), a piece also kSplitMerge per piece of its tile (its partial store and the last
+// warp's merge). It is taken when it saves at least 1% of the plain time.
+// FLASHOP_SM90_SPLIT_LAST_WAVE=0 in the environment turns it off (A/B runs).
+constexpr double kSplitFixed = 1.5, kSplitMerge = 0.25;
+constexpr int kSplitMaxPieces = 32;
+constexpr int64_t kSplitMaxWorkspace = int64_t(64) << 20;
+
+struct SplitTailPlan {
+  bool on = false;
+  int whole = 0;        // tiles run whole (CTAs 0 .. whole-1)
+  int split_tiles = 0;  // the tiles after them, in `pieces` pieces each
+  int pieces = 0;
+};
+
+template <class T>
+cudaError_t split_tail_plan(const FwdParams& p, SplitTailPlan* plan) {
+  *plan = SplitTailPlan{};
+  if (!T::kSplitTail || p.causal || p.seqlen_k <= 0) return cudaSuccess;
+  static const bool disabled = [] {
+    const char* env = std::getenv("FLASHOP_SM90_SPLIT_LAST_WAVE");
+    return env != nullptr && std::strcmp(env, "0") == 0;
+  }();
+  if (disabled) return cudaSuccess;
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const int64_t q_tiles = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  const int64_t pair = T::kMulticast && q_tiles % 2 == 0 ? 2 : 1;  // as launch_fwd's cluster_pairs
+  const int64_t units = q_tiles * p.heads_q * p.batch / pair, slots = sms / pair;
+  const int64_t n = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  if (n < 2 || slots < 1) return cudaSuccess;
+  auto rounds = [&](int64_t ctas) { return static_cast<double>((ctas + slots - 1) / slots); };
+  const double plain = rounds(units) * (n + kSplitFixed);
+  double best = plain;
+  for (const int64_t split : {units % slots, units % slots + slots}) {
+    if (split == 0 || split > units) continue;
+    const double whole_time = static_cast<double>((units - split) / slots) * (n + kSplitFixed);
+    for (int64_t k = 2; k <= std::min<int64_t>(n, kSplitMaxPieces); ++k) {
+      const int64_t ctas = (units - split + split * k) * pair;
+      if (split * pair * k * T::kPartialFloat4s * 16 > kSplitMaxWorkspace || ctas >= (int64_t(1) << 31)) break;
+      const double time = whole_time + rounds(split * k) * ((n + k - 1) / k + kSplitFixed + kSplitMerge * k);
+      if (time < best) {
+        best = time;
+        plan->whole = static_cast<int>((units - split) * pair);
+        plan->split_tiles = static_cast<int>(split * pair);
+        plan->pieces = static_cast<int>(k);
+      }
+    }
+  }
+  plan->on = best <= 0.99 * plain;
+  return cudaSuccess;
+}
+
+template <class T>
+std::size_t split_tail_workspace_bytes(const SplitTailPlan& plan) {
+  // Partial results per piece, then one arrival counter per (split tile, consumer warpgroup).
+  return static_cast<std::size_t>(plan.split_tiles) *
+         (static_cast<std::size_t>(plan.pieces) * T::kPartialFloat4s * 16 + T::kConsumerWGs * 4);
+}
+
 template <class T>
 std::size_t fwd_workspace_bytes(const FwdParams& p) {
   if constexpr (T::kDynamic) {
     return 16;  // the counter of tiles taken
+  } else if constexpr (T::kSplitTail) {
+    SplitTailPlan plan;
+    if (split_tail_plan<T>(p, &plan) != cudaSuccess || !plan.on) return 0;
+    return split_tail_workspace_bytes<T>(plan);
   } else if constexpr (!T::kStreamK) {
     return 0;
   } else {
@@ -119,6 +195,25 @@ cudaError_t launch_fwd(const FwdParams& params, void* workspace, cudaStream_t st
                                  cudaSharedmemCarveoutMaxShared);
     if (err != cudaSuccess) return err;
     dim3 grid(q_tiles, p.heads_q, p.batch);
+    if constexpr (T::kSplitTail) {
+      SplitTailPlan plan;
+      err = split_tail_plan<T>(p, &plan);
+      if (err != cudaSuccess) return err;
+      if (plan.on) {
+        // fwd_workspace_bytes asked for it; the arrival counters after the partial results start at 0.
+        if (workspace == nullptr) return cudaErrorInvalidValue;
+        p.workspace = workspace;
+        p.stream_k = true;
+        p.stream_k_tile0 = plan.whole;
+        p.split_tiles = plan.split_tiles;
+        p.split_pieces = plan.pieces;
+        const std::size_t data = static_cast<std::size_t>(plan.split_tiles) * plan.pieces * T::kPartialFloat4s * 16;
+        err = cudaMemsetAsync(static_cast<char*>(workspace) + data, 0,
+                              static_cast<std::size_t>(plan.split_tiles) * T::kConsumerWGs * 4, stream);
+        if (err != cudaSuccess) return err;
+        grid = dim3(static_cast<unsigned>(plan.whole + plan.split_tiles * plan.pieces), 1, 1);
+      }
+    }
     if constexpr (T::kPersistent) {
       // Each CTA walks tiles blockIdx.x, +gridDim.x, ... (fwd_kernel.cuh; "pers.lpt" numbers the same
       // tiles in another order), and with the split tail shares the last waves' key tiles.
@@ -148,7 +243,8 @@ cudaError_t launch_fwd(const FwdParams& params, void* workspace, cudaStream_t st
       }
     }
     if (cluster_pairs) {
-      // blockIdx.x 2i and 2i+1 (query tiles n-1-2i and n-2-2i, fwd_kernel.cuh) form a cluster.
+      // blockIdx.x 2i and 2i+1 (query tiles n-1-2i and n-2-2i, fwd_kernel.cuh; split last wave: the same
+      // piece of two such tiles) form a cluster.
       cudaLaunchAttribute cluster;
       cluster.id = cudaLaunchAttributeClusterDimension;
       cluster.val.clusterDim.x = 2;

@@ -39,6 +39,12 @@
 //     last two waves are dealt out over all CTAs in equal runs of key tiles; a tile cut in two
 //     is finished by the CTA holding its last keys, from the other part's partial O, max and
 //     sum in a global workspace (flag per CTA; see walk in fwd_sm90_body).
+//   kSplitTail (one tile per CTA, TMA store, one CTA per SM, non-causal, when the launcher
+//     asks): the last tiles (those that would leave the last wave partly idle) run as pieces of
+//     their key range in CTAs of their own, launched after the whole tiles; each consumer
+//     warpgroup of a piece stores its partial O, max and sum, and the last one to finish a row
+//     block merges the others' and stores O and lse (an arrival counter per row block: nobody
+//     waits for another CTA).
 //   kDynamic ("pers.dyn"): the producer takes each next tile from a global counter and hands
 //     its number to the consumers in shared memory with the tile's Q (causal balance).
 //   kLongestFirst ("pers.lpt", implies kPersistent): the same kernel, tiles
@@ -98,6 +104,12 @@
 // without it, and the launcher never asks for it).
 #ifndef FLASHOP_SM90_STREAM_K
 #define FLASHOP_SM90_STREAM_K 1
+#endif
+
+// One-tile-per-CTA kernels: the split last wave (split_pieces in FwdParams; 0 builds them without it,
+// and the launcher never asks for it).
+#ifndef FLASHOP_SM90_SPLIT_LAST_WAVE
+#define FLASHOP_SM90_SPLIT_LAST_WAVE 1
 #endif
 
 namespace flashop {
@@ -193,11 +205,15 @@ struct Sm90FwdTraits {
   // Split tail (non-causal, where the launcher asks for it; see fwd_sm90_body): the tiles of the last
   // two waves are shared out over the CTAs by key tiles. Persistent kernels in the plain tile order.
   static constexpr bool kStreamK = kPersistent && !kLongestFirst && !kDynamic && FLASHOP_SM90_STREAM_K;
+  // Split last wave (non-causal, where the launcher asks for it; see fwd_sm90_body): the last tiles run
+  // as pieces of their key range, one CTA each. One-tile-per-CTA TMA-store kernels at one CTA per SM.
+  static constexpr bool kSplitTail = !kPersistent && kTmaStore && kCtasPerSm == 1 && FLASHOP_SM90_SPLIT_LAST_WAVE;
   static_assert(!kDynamic || (kPersistent && !kLongestFirst && kSeparateO),
                 "tiles taken at run time: the persistent kernel with its own O tile, in the plain tile order");
-  // A part's partial result in the workspace, per CTA: for each consumer warpgroup, D/8 float4 of O
-  // (unnormalised) and one float4 (m0, m1, l0, l1) for each of its 128 threads, thread-fastest; then
-  // one int flag per (CTA, warpgroup) after all CTAs' data.
+  // A part's partial result in the workspace, per CTA (kStreamK) or per piece (kSplitTail): for each
+  // consumer warpgroup, D/8 float4 of O (unnormalised) and one float4 (m0, m1, l0, l1) for each of its
+  // 128 threads, thread-fastest; then after all the data one int flag per (CTA, warpgroup) (kStreamK)
+  // or one arrival counter per (split tile, consumer warpgroup) (kSplitTail).
   static constexpr int kPartialFloat4s = kConsumerWGs * (kHeadDim / 8 + 1) * 128;
   static constexpr int kQOff = 0;
   static constexpr int kKOff = kQOff + kQBuffers * kQBytes;
@@ -390,13 +406,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // The current tile. Non-persistent: one per CTA, highest query tiles first
   // (under causal masking they see the most keys).
   int q_tile = 0, head = 0, batch = 0, n_tiles = 0;
-  int key_tile0 = 0;  // the first key tile of the work item (> 0 only for a split tile's second part)
-  if constexpr (!T::kPersistent) {
-    q_tile = gridDim.x - 1 - blockIdx.x;
-    head = blockIdx.y;
-    batch = blockIdx.z;
-    n_tiles = num_key_tiles<T>(p, q_tile);
-  }
+  int key_tile0 = 0;  // the first key tile of the work item (> 0 only for a split tile's later parts)
   // Persistent: tile t -> (q_tile, head, batch, n_tiles); see above. The host
   // guarantees n_q_tiles * Hq * B + gridDim.x < 2^31. set_tile runs only for
   // t < total_tiles, hence n_q_tiles >= 1 and Hq * B <= total_tiles: no
@@ -486,6 +496,43 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   const bool multicast = cluster_ctas > 1;
   const uint32_t cta_rank = multicast ? cluster_cta_rank() : 0u;
   const uint32_t peer_rank = cta_rank ^ 1u;
+
+  // One tile per CTA. Plain grid (q tiles reversed, Hq, B): highest query tiles first (under causal
+  // masking they see the most keys). Split last wave (T::kSplitTail and p.stream_k, non-causal): a 1-D
+  // grid, CTA b < stream_k_tile0 runs tile b whole (the plain order, set_tile), the CTAs after it run
+  // the pieces of the tiles from stream_k_tile0 on: piece i of k = split_pieces holds key tiles
+  // [i n / k, (i + 1) n / k) of the tile's n. Launched in clusters of two (multicast), a cluster runs
+  // the same piece of two adjacent tiles (one head: the tile count per head is even), so both CTAs
+  // walk the same key tiles; stream_k_tile0 is even then and b % 2 is the CTA's rank.
+  // (piece, split tile index) of a piece CTA, decoded again where needed rather than kept live
+  // through the main loop (the B_c = 192 and d256 kernels have no register to spare).
+  auto piece_of_cta = [&](int& piece, int& split_tile) {
+    const int pair = multicast ? 2 : 1;
+    const int e = static_cast<int>(blockIdx.x) - p.stream_k_tile0;
+    const int group = e / pair;  // (split tile or pair of them, piece)
+    piece = group % p.split_pieces;
+    split_tile = (group / p.split_pieces) * pair + (e - group * pair);
+  };
+  auto is_piece_cta = [&]() { return T::kSplitTail && p.stream_k && static_cast<int>(blockIdx.x) >= p.stream_k_tile0; };
+  if constexpr (!T::kPersistent) {
+    if (T::kSplitTail && p.stream_k) {
+      if (!is_piece_cta()) {
+        set_tile(blockIdx.x);
+      } else {
+        int piece, split_tile;
+        piece_of_cta(piece, split_tile);
+        set_tile(p.stream_k_tile0 + split_tile);
+        const int n = n_tiles;  // >= split_pieces (launcher)
+        key_tile0 = piece * n / p.split_pieces;
+        n_tiles = (piece + 1) * n / p.split_pieces - key_tile0;
+      }
+    } else {
+      q_tile = gridDim.x - 1 - blockIdx.x;
+      head = blockIdx.y;
+      batch = blockIdx.z;
+      n_tiles = num_key_tiles<T>(p, q_tile);
+    }
+  }
 
   if (tid == 0) {
     tma_prefetch_desc(tm_q);
@@ -795,6 +842,15 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     }
   };
 
+  auto epilogue_bar_or = [&](bool pred) {
+    if constexpr (kWGs == 2) {
+      return c == 0 ? named_bar_sync_or<3, 128>(pred) : named_bar_sync_or<4, 128>(pred);
+    } else {
+      return c == 0 ? named_bar_sync_or<4, 128>(pred) : c == 1 ? named_bar_sync_or<5, 128>(pred)
+                                                               : named_bar_sync_or<6, 128>(pred);
+    }
+  };
+
   // Split tail (T::kStreamK): this warpgroup's partial result of a split tile in CTA cta's workspace
   // slot (layout: the traits' kPartialFloat4s), and the flag that says it is complete.
   auto partial_slot = [&](int cta) {
@@ -819,9 +875,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // kPartIn: wait for CTA b-1's part of this tile and fold it in (the online softmax's merge of two
   // key ranges: both sides rescaled to the larger running max). m is the same in the four threads of a
   // row, so the per-thread partial sums l merge as they are and are reduced over the quad as usual.
-  auto merge_partial = [&]() {
-    while (ld_acquire_gpu(partial_flag(blockIdx.x - 1)) == 0) __nanosleep(32);
-    const float4* slot = partial_slot(blockIdx.x - 1);
+  auto merge_from = [&](const float4* slot) {
     const float4 ml = __ldcg(slot + (kD / 8) * 128);
     const float m_in[2] = {ml.x, ml.y}, l_in[2] = {ml.z, ml.w};
     float f_own[2], f_in[2];
@@ -841,6 +895,46 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       o[4 * i + 2] = o[4 * i + 2] * f_own[1] + v.z * f_in[1];
       o[4 * i + 3] = o[4 * i + 3] * f_own[1] + v.w * f_in[1];
     }
+  };
+  auto merge_partial = [&]() {
+    while (ld_acquire_gpu(partial_flag(blockIdx.x - 1)) == 0) __nanosleep(32);
+    merge_from(partial_slot(blockIdx.x - 1));
+  };
+
+  // Split last wave (T::kSplitTail): piece q of split tile st keeps its partial result in slot
+  // st * split_pieces + q; each consumer warpgroup of each split tile has an arrival counter (zeroed by
+  // the launcher). A warpgroup stores its partial, then counts itself in; the one that arrives last (the
+  // others' stores are visible: each made them, with a fence, before its arrival) merges all pieces'
+  // parts in piece order (deterministic) and goes on to the epilogue; the others are done. Nobody waits for another CTA,
+  // whatever order the CTAs run in. Returns whether this warpgroup writes the rows.
+  auto finish_piece = [&]() -> bool {
+    const int k = p.split_pieces;
+    int piece, split_tile;
+    piece_of_cta(piece, split_tile);
+    const float4* const slots = reinterpret_cast<const float4*>(p.workspace) +
+                                static_cast<int64_t>(split_tile) * k * T::kPartialFloat4s +
+                                c * (kD / 8 + 1) * 128 + ctid;
+    float4* const own = const_cast<float4*>(slots) + piece * T::kPartialFloat4s;
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) __stcg(own + i * 128, make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]));
+    __stcg(own + (kD / 8) * 128, make_float4(m[0], m[1], l[0], l[1]));
+    __threadfence();
+    epilogue_bar();  // all 128 stores made before the arrival
+    int before = 0;
+    if (ctid == 0) {
+      int* const counters = reinterpret_cast<int*>(reinterpret_cast<float4*>(p.workspace) +
+                                                   static_cast<int64_t>(p.split_tiles) * k * T::kPartialFloat4s);
+      before = atomicAdd(counters + split_tile * kWGs + c, 1);
+    }
+    if (!epilogue_bar_or(ctid == 0 && before == k - 1)) return false;  // a later piece writes the rows
+    __threadfence();
+    // All k parts, its own too, in piece order: the result does not depend on which piece came last.
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+    for (int q = 0; q < k; ++q) merge_from(slots + q * T::kPartialFloat4s);
+    return true;
   };
 
   // One tile: main loop and epilogue. g0: number of K/V loads of this CTA
@@ -946,6 +1040,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         }
       }
     } else {
+      if constexpr (T::kSplitTail) {
+        if (is_piece_cta() && !finish_piece()) return;
+      }
       if constexpr (T::kStreamK) {
         if (role == kPartOut) {  // no O, no lse: the tile's other part writes them
           store_partial();

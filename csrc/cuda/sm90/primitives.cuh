@@ -283,6 +283,18 @@ template <int kId, int kThreads>
 __device__ __forceinline__ void named_bar_arrive() {
   asm volatile("bar.arrive %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
 }
+// bar.sync that also ORs a predicate over the kThreads threads: true in all of them if true in any.
+template <int kId, int kThreads>
+__device__ __forceinline__ bool named_bar_sync_or(bool pred) {
+  uint32_t any;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n barrier.cta.red.or.pred q, %2, %3, p;\n"
+      " selp.u32 %0, 1, 0, q;\n}"
+      : "=r"(any)
+      : "r"(static_cast<uint32_t>(pred)), "n"(kId), "n"(kThreads)
+      : "memory");
+  return any != 0;
+}
 
 }  // namespace sm90
 }  // namespace flashop
