@@ -43,8 +43,8 @@
 //     asks): the last tiles (those that would leave the last wave partly idle) run as pieces of
 //     their key range in CTAs of their own, launched after the whole tiles; each consumer
 //     warpgroup of a piece stores its partial O, max and sum, and the last one to finish a row
-//     block merges the others' and stores O and lse (an arrival counter per row block: nobody
-//     waits for another CTA).
+//     block merges all parts in piece order and stores O and lse (an arrival counter per row
+//     block: nobody waits for another CTA).
 //   kDynamic ("pers.dyn"): the producer takes each next tile from a global counter and hands
 //     its number to the consumers in shared memory with the tile's Q (causal balance).
 //   kLongestFirst ("pers.lpt", implies kPersistent): the same kernel, tiles
@@ -905,8 +905,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // st * split_pieces + q; each consumer warpgroup of each split tile has an arrival counter (zeroed by
   // the launcher). A warpgroup stores its partial, then counts itself in; the one that arrives last (the
   // others' stores are visible: each made them, with a fence, before its arrival) merges all pieces'
-  // parts in piece order (deterministic) and goes on to the epilogue; the others are done. Nobody waits for another CTA,
-  // whatever order the CTAs run in. Returns whether this warpgroup writes the rows.
+  // parts in piece order (deterministic) and goes on to the epilogue; the others are done. Nobody
+  // waits for another CTA, whatever order the CTAs run in. Returns whether this warpgroup writes the
+  // rows.
   auto finish_piece = [&]() -> bool {
     const int k = p.split_pieces;
     int piece, split_tile;
