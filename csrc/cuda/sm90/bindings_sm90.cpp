@@ -120,8 +120,9 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Ten
   const FwdParams p = make_fwd_params(q, k, v, out, lse, dims, scale, causal);
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
-  // The persistent kernels' split tail needs a scratch buffer (from the caching allocator: stream-ordered,
-  // so freeing it here while the kernel runs is safe).
+  // The persistent kernels' split tail, the one-tile-per-CTA kernels' split last wave and "pers.dyn" need a
+  // scratch buffer (from the caching allocator: stream-ordered, so freeing it here while the kernel runs is
+  // safe).
   const std::size_t workspace_bytes = kernel->workspace_bytes(p);
   at::Tensor workspace;
   if (workspace_bytes > 0)

@@ -21,7 +21,7 @@ struct Sm90FwdKernel {
   // returns the status.
   // Needs: 16-byte aligned base pointers, strides (in bytes) multiples of 16, and a device buffer of
   // workspace_bytes(params) bytes when that is not 0 (the persistent kernels' split tail, the
-  // "pers.dyn" tile counter).
+  // one-tile-per-CTA kernels' split last wave, the "pers.dyn" tile counter).
   cudaError_t (*launch)(const FwdParams&, void* workspace, cudaStream_t);
   std::size_t (*workspace_bytes)(const FwdParams&);
   DType dtype;
