@@ -313,6 +313,27 @@ def test_split_tail(name, causal, case):
     check(name, rand(1, 200, Hq, D, dtype), rand(1, Sk, 1, D, dtype), rand(1, Sk, 1, D, dtype), causal)
 
 
+def assert_graph_replays_match_eager(name, q, k, v):
+    """Capture one non-causal launch of config `name` in a CUDA graph, then three times: new random q, k, v
+    (in place), replay, and assert the same bits as an eager launch on the same inputs."""
+    D = q.shape[-1]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        sm90.forward(q, k, v, D ** -0.5, False, name)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = sm90.forward(q, k, v, D ** -0.5, False, name)
+    for _ in range(3):
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        graph.replay()
+        ref_out, ref_lse = sm90.forward(q, k, v, D ** -0.5, False, name)
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
 SPLIT_LAST_WAVE_CONFIGS = [n for n in TMA_STORE_CONFIGS if flashop.configs.HopperConfig.parse(n).split_last_wave]
 SPLIT_LAST_WAVE_CASES = {  # name: (query heads from the SM count, Sq, Sk, whether the split runs)
     # 2 query tiles per head (3 at B_r = 192 would not pair up: 200 rows are 2 tiles there too); the SMs
@@ -353,22 +374,8 @@ def test_split_last_wave_in_cuda_graph(name):
     Hq = 3
     assert sm90.config_workspace(name, 2, 200, 3000, Hq, False) > 0
     q, k, v = rand(2, 200, Hq, D, dtype), rand(2, 3000, Hq, D, dtype), rand(2, 3000, Hq, D, dtype)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        sm90.forward(q, k, v, D ** -0.5, False, name)  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = sm90.forward(q, k, v, D ** -0.5, False, name)
-    for _ in range(3):
-        for t in (q, k, v):
-            t.copy_(torch.randn_like(t))
-        graph.replay()
-        ref_out, ref_lse = sm90.forward(q, k, v, D ** -0.5, False, name)
-        torch.cuda.synchronize()
-        # Bitwise: the pieces are merged in a fixed order, whichever finishes last.
-        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    # Bitwise: the pieces are merged in a fixed order, whichever finishes last.
+    assert_graph_replays_match_eager(name, q, k, v)
     check(name, q, k, v, False)
 
 
@@ -382,21 +389,7 @@ def test_split_tail_in_cuda_graph(name):
     Hq = torch.cuda.get_device_properties(0).multi_processor_count // 2 + 1
     assert sm90.config_workspace(name, 1, 200, 1000, Hq, False) > 0
     q, k, v = rand(1, 200, Hq, D, dtype), rand(1, 1000, 1, D, dtype), rand(1, 1000, 1, D, dtype)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        sm90.forward(q, k, v, D ** -0.5, False, name)  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = sm90.forward(q, k, v, D ** -0.5, False, name)
-    for _ in range(3):
-        for t in (q, k, v):
-            t.copy_(torch.randn_like(t))
-        graph.replay()
-        ref_out, ref_lse = sm90.forward(q, k, v, D ** -0.5, False, name)
-        torch.cuda.synchronize()
-        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    assert_graph_replays_match_eager(name, q, k, v)
 
 
 def tma_store_reference(name):
