@@ -861,11 +861,14 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
            cta * kWGs + c;
   };
   // kPartOut: O (unnormalised), m and l as they stand, then the flag once all 128 threads have stored.
-  auto store_partial = [&]() {
-    float4* slot = partial_slot(blockIdx.x);
+  // This thread's O (unnormalised), m and l into a partial-result slot (layout: kPartialFloat4s).
+  auto write_partial = [&](float4* slot) {
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i) __stcg(slot + i * 128, make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]));
     __stcg(slot + (kD / 8) * 128, make_float4(m[0], m[1], l[0], l[1]));
+  };
+  auto store_partial = [&]() {
+    write_partial(partial_slot(blockIdx.x));
     epilogue_bar();
     if (ctid == 0) {
       __threadfence();
@@ -915,10 +918,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     const float4* const slots = reinterpret_cast<const float4*>(p.workspace) +
                                 static_cast<int64_t>(split_tile) * k * T::kPartialFloat4s +
                                 c * (kD / 8 + 1) * 128 + ctid;
-    float4* const own = const_cast<float4*>(slots) + piece * T::kPartialFloat4s;
-#pragma unroll
-    for (int i = 0; i < kD / 8; ++i) __stcg(own + i * 128, make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]));
-    __stcg(own + (kD / 8) * 128, make_float4(m[0], m[1], l[0], l[1]));
+    write_partial(const_cast<float4*>(slots) + piece * T::kPartialFloat4s);
     __threadfence();
     epilogue_bar();  // all 128 stores made before the arrival
     int before = 0;
