@@ -442,10 +442,16 @@ def test_tma_store_matches_plain_store(name):
         if name.endswith((".lpt", ".dyn")) or ".mc." in name:
             assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), f"{name} vs {plain} (causal={causal})"
             continue
-        torch.testing.assert_close(out.float(), ref_out.float(), rtol=2 * torch.finfo(dtype).eps, atol=1e-5,
-                                   msg=lambda m: f"{name} vs {plain} (causal={causal}): out: {m}")
-        torch.testing.assert_close(lse, ref_lse, rtol=1e-6, atol=1e-6,
-                                   msg=lambda m: f"{name} vs {plain} (causal={causal}): lse: {m}")
+        eps = torch.finfo(dtype).eps
+        # A split last wave or split tail (a workspace; the shape has fewer tiles than SMs) merges a tile's key
+        # pieces, each of which rounded P to 16 bits against its own running max: then the two agree to a couple
+        # of ulps of the output's scale, not of each value (still far below what a swizzle or row mistake gives).
+        split = any(sm90.config_workspace(n, 2, Sq, 290, 6, causal) > 0 for n in (name, plain))
+        atol = 2 * eps * ref_out.abs().max().item() if split else 1e-5
+        torch.testing.assert_close(out.float(), ref_out.float(), rtol=2 * eps, atol=atol,
+                                   msg=lambda m: f"{name} vs {plain} (causal={causal}, split={split}): out: {m}")
+        torch.testing.assert_close(lse, ref_lse, rtol=1e-5 if split else 1e-6, atol=1e-6,
+                                   msg=lambda m: f"{name} vs {plain} (causal={causal}, split={split}): lse: {m}")
 
 
 def test_unknown_config():

@@ -2,7 +2,7 @@
 # The GPU machine in one command: build with all cores, CUDA tests, compute-sanitizer on small
 # shapes, the CUDA benchmark; logs, the report (markdown + PNG) and the build report under $OUT.
 #
-#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick] [compare] [ab] [abbuild] [envab] [policy] [profile]
+#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick] [compare] [ab] [abbuild] [envab] [waves] [policy] [profile]
 #   (none named: build test sanitize bench)
 #
 # compare: every candidate config timed per shape, relative to the fastest (no cache written);
@@ -12,6 +12,8 @@
 #   then the benchmark (AB_ARGS) runs ABB_ROUNDS times per side, sides alternating. B stays installed.
 # envab: the benchmark (AB_ARGS) with and without the environment setting ENVAB (e.g.
 #   "FLASHOP_SM90_SPLIT_LAST_WAVE=0"), sides alternating, ABB_ROUNDS times each: A default, B with it.
+# waves: how many CTAs and clusters run at once (tools/cluster_occupancy.cu), then tools/wave_probe.py
+#   (WAVE_ARGS: config, --seqlen, --heads) with the split last wave on and off.
 # policy: tune, then measure the policy's picks against the best config per shape.
 # ab: the benchmark (flashop.bench, its own runner and peers) once per config named in AB_CONFIGS, then the
 #   tuner's timing of the same shapes, so the two harnesses can be compared on one machine; AB_ARGS
@@ -115,6 +117,15 @@ if has envab; then
       | tee -a "$OUT/envab.log"
     env "$ENVAB" python3 -m flashop.bench --device cuda --modes fwd ${AB_ARGS:-} 2>&1 | grep "^| [bf]" \
       | sed "s/^/B$round /" | tee -a "$OUT/envab.log"
+  done
+fi
+if has waves; then
+  step "waves: concurrent clusters, time against grid size"
+  "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" -arch=sm_90a -o /tmp/cluster_occupancy tools/cluster_occupancy.cu && /tmp/cluster_occupancy | tee "$OUT/waves.log"
+  for split in 1 0; do
+    echo "split last wave $split" | tee -a "$OUT/waves.log"
+    FLASHOP_SM90_SPLIT_LAST_WAVE=$split python3 tools/wave_probe.py \
+      ${WAVE_ARGS:-sm90.bf16.d128.br128.bc192.mc.tmao --seqlen 8192 --heads 24} 2>&1 | tee -a "$OUT/waves.log"
   done
 fi
 if has policy; then
