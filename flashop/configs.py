@@ -616,8 +616,9 @@ class HopperConfig:
     def split_last_wave(self) -> bool:
         """The one-tile-per-CTA TMA-store kernels at one CTA per SM run the tiles that would leave the last
         wave partly idle as pieces of their key range, one CTA per piece, when a model of the schedule says
-        it saves at least 1% (non-causal; Sm90FwdTraits::kSplitTail, forward_sm90.cu split_tail_plan)."""
-        return self.tma_store and not self.persistent and self.ctas_per_sm == 1
+        it saves at least 1% (non-causal; Sm90FwdTraits::kSplitTail, forward_sm90.cu split_tail_plan). Not at
+        d256, where the build with it measured slower (docs/benchmarks.md, session 13)."""
+        return self.tma_store and not self.persistent and self.ctas_per_sm == 1 and self.headdim <= 128
 
     def smem_bytes(self) -> int:
         """Q tile (two when double_q) + stages x (K + V tiles) (+ the O staging tile when separate_o) + 1024 B

@@ -363,6 +363,15 @@ def test_split_last_wave(name, causal, case):
     check(name, rand(1, Sq, Hq, D, dtype), rand(1, Sk, 1, D, dtype), rand(1, Sk, 1, D, dtype), causal)
 
 
+@pytest.mark.parametrize("name", [n for n in TMA_STORE_CONFIGS if ".pers" not in n and n not in SPLIT_LAST_WAVE_CONFIGS])
+def test_no_split_last_wave_where_not_declared(name):
+    """The one-tile-per-CTA kernels without the split (d256, several CTAs per SM) take no workspace on a
+    shape the others would split: configs.py's split_last_wave says what the kernels do."""
+    if name not in built():
+        pytest.skip(f"{name} not built")
+    assert sm90.config_workspace(name, 1, 200, 3000, 3, False) == 0
+
+
 @pytest.mark.parametrize("name", [n for n in SPLIT_LAST_WAVE_CONFIGS if n.startswith("sm90.bf16.")])
 def test_split_last_wave_in_cuda_graph(name):
     """Replays of a captured launch: the arrival counters are zeroed on every replay (a count left over would

@@ -70,7 +70,10 @@ StreamKPlan stream_k_plan(const FwdParams& p, int64_t tiles, int grid) {
 // rest + SMs tiles in k pieces (2 <= k <= min(key tiles, 32)), by a model of the time per SM in key
 // tiles: a CTA costs its key tiles + kSplitFixed (set-up, first loads, the first S alone, epilogue;
 // ~10% of a 2k-key CTA), a piece also kSplitMerge per piece of its tile (its partial store and the last
-// warp's merge). It is taken when it saves at least 1% of the plain time.
+// warp's merge). It is taken when it saves at least 1% of the plain time. Measured (docs/hopper.md, Split
+// last wave): it gains what the model says, less ~0.3 of a round, where the last round is partly empty,
+// and nothing where a long grid ends a few tiles past whole rounds (the hardware's dispatch already
+// leaves that end ragged).
 // FLASHOP_SM90_SPLIT_LAST_WAVE=0 in the environment turns it off (A/B runs).
 constexpr double kSplitFixed = 1.5, kSplitMerge = 0.25;
 constexpr int kSplitMaxPieces = 32;

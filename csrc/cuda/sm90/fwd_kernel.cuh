@@ -39,7 +39,7 @@
 //     last two waves are dealt out over all CTAs in equal runs of key tiles; a tile cut in two
 //     is finished by the CTA holding its last keys, from the other part's partial O, max and
 //     sum in a global workspace (flag per CTA; see walk in fwd_sm90_body).
-//   kSplitTail (one tile per CTA, TMA store, one CTA per SM, non-causal, when the launcher
+//   kSplitTail (one tile per CTA, TMA store, one CTA per SM, D <= 128, non-causal, when the launcher
 //     asks): the last tiles (those that would leave the last wave partly idle) run as pieces of
 //     their key range in CTAs of their own, launched after the whole tiles; each consumer
 //     warpgroup of a piece stores its partial O, max and sum, and the last one to finish a row
@@ -206,8 +206,11 @@ struct Sm90FwdTraits {
   // two waves are shared out over the CTAs by key tiles. Persistent kernels in the plain tile order.
   static constexpr bool kStreamK = kPersistent && !kLongestFirst && !kDynamic && FLASHOP_SM90_STREAM_K;
   // Split last wave (non-causal, where the launcher asks for it; see fwd_sm90_body): the last tiles run
-  // as pieces of their key range, one CTA each. One-tile-per-CTA TMA-store kernels at one CTA per SM.
-  static constexpr bool kSplitTail = !kPersistent && kTmaStore && kCtasPerSm == 1 && FLASHOP_SM90_SPLIT_LAST_WAVE;
+  // as pieces of their key range, one CTA each. One-tile-per-CTA TMA-store kernels at one CTA per SM, d64
+  // and d128: at d256 the build with it measured 1.7-2.9% slower at 512 and 8k keys, split or not (H100,
+  // docs/benchmarks.md "session 13"), so the d256 kernels are compiled without it.
+  static constexpr bool kSplitTail =
+      !kPersistent && kTmaStore && kCtasPerSm == 1 && kHeadDim <= 128 && FLASHOP_SM90_SPLIT_LAST_WAVE;
   static_assert(!kDynamic || (kPersistent && !kLongestFirst && kSeparateO),
                 "tiles taken at run time: the persistent kernel with its own O tile, in the plain tile order");
   // A part's partial result in the workspace, per CTA (kStreamK) or per piece (kSplitTail): for each
