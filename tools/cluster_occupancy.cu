@@ -1,4 +1,4 @@
-// How many clusters of 1, 2 and 4 CTAs run at once on this GPU, for a CTA shaped like the Hopper
+// How many clusters of 1, 2, 4 and 8 CTAs run at once on this GPU, for a CTA shaped like the Hopper
 // forward's one-tile-per-CTA kernels (threads, dynamic shared memory): cudaOccupancyMaxActiveClusters.
 // The split-last-wave plan (csrc/cuda/sm90/forward_sm90.cu) sizes its rounds by this count.
 //

@@ -20,11 +20,10 @@ def main():
     p.add_argument("--seqlen", type=int, default=8192)
     p.add_argument("--heads", type=int, default=40)
     args = p.parse_args()
-    dtype_code, d = flashop.dispatch.dtype_and_headdim(args.config)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_code]
-    block_m = int(args.config.split(".br")[1].split(".")[0])
+    config = flashop.configs.HopperConfig.parse(args.config)
+    dtype, d = {"bf16": torch.bfloat16, "fp16": torch.float16}[config.dtype], config.headdim
     s = args.seqlen
-    q_tiles = -(-s // block_m)
+    q_tiles = -(-s // config.block_m)
     for h in range(1, args.heads + 1):
         q, k, v = (torch.randn(1, s, h, d, device="cuda", dtype=dtype) for _ in range(3))
         ms = triton.testing.do_bench(lambda: torch.ops.flashop.forward(q, k, v, None, False, args.config),

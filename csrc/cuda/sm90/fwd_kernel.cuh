@@ -207,8 +207,8 @@ struct Sm90FwdTraits {
   static constexpr bool kStreamK = kPersistent && !kLongestFirst && !kDynamic && FLASHOP_SM90_STREAM_K;
   // Split last wave (non-causal, where the launcher asks for it; see fwd_sm90_body): the last tiles run
   // as pieces of their key range, one CTA each. One-tile-per-CTA TMA-store kernels at one CTA per SM, d64
-  // and d128: at d256 the build with it measured 1.7-2.9% slower at 512 and 8k keys, split or not (H100,
-  // docs/benchmarks.md "session 13"), so the d256 kernels are compiled without it.
+  // and d128: at d256 the build with it measured 1.6-2.7% slower in three of four cells (512 and 8k keys,
+  // split or not; H100, docs/benchmarks.md "session 13"), so the d256 kernels are compiled without it.
   static constexpr bool kSplitTail =
       !kPersistent && kTmaStore && kCtasPerSm == 1 && kHeadDim <= 128 && FLASHOP_SM90_SPLIT_LAST_WAVE;
   static_assert(!kDynamic || (kPersistent && !kLongestFirst && kSeparateO),
