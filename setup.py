@@ -9,6 +9,8 @@ Environment:
   FLASHOP_BWD_KERNELS    the same for the backward kernels (names bwd.<dtype>.d<D>..., tools/gen_bwd_kernels.py)
   FLASHOP_SM90_NVCC_FLAGS extra nvcc flags for the Hopper module only, e.g. "-DNAME=1" for a kernel
                          experiment (tools/gpu_check.sh abbuild builds and times both sides)
+  FLASHOP_SM90_ONLY=1    build flashop._C_sm90 alone (a kernel experiment's rebuild; flashop._C must already
+                         be built in place)
   MAX_JOBS               parallel compile jobs (ninja)
 """
 import glob
@@ -114,6 +116,13 @@ def extension():
     )
 
 
+def ext_modules():
+    hopper = [hopper_extension()] if want_cuda() and "90" in cuda_archs() else []
+    if os.environ.get("FLASHOP_SM90_ONLY") == "1":
+        return hopper
+    return [extension()] + hopper
+
+
 def main():
     from torch.utils.cpp_extension import BuildExtension
 
@@ -122,7 +131,7 @@ def main():
         version="0.1.0",
         description="FlashAttention as a PyTorch operator: CUDA and CPU kernels behind torch.ops.flashop",
         packages=find_packages(include=["flashop", "flashop.*"]),
-        ext_modules=[extension()] + ([hopper_extension()] if want_cuda() and "90" in cuda_archs() else []),
+        ext_modules=ext_modules(),
         cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
         python_requires=">=3.10",
         install_requires=["torch>=2.4", "numpy", "tqdm"],

@@ -2,9 +2,12 @@
 # The GPU machine in one command: build with all cores, CUDA tests, compute-sanitizer on small
 # shapes, the CUDA benchmark; logs, the report (markdown + PNG) and the build report under $OUT.
 #
-#   tools/gpu_check.sh [build] [test] [sanitize] [bench] [quick] [compare] [ab] [abbuild] [envab] [waves] [policy] [profile]
+#   tools/gpu_check.sh [prebuilt] [build] [pack] [test] [sanitize] [bench] [quick] [compare] [ab] [abbuild] [envab] [waves] [power] [policy] [profile]
 #   (none named: build test sanitize bench)
 #
+# pack: the built extension modules as $OUT/so.tgz.aa, .ab, ... (15 MiB pieces, under the device tool's
+#   size limit per file); prebuilt: unpack such pieces from .prebuilt/ (carried) instead of building, so a
+#   later run on a fresh machine skips the build (the modules must come from the same tree).
 # compare: every candidate config timed per shape, relative to the fastest (no cache written);
 #   COMPARE_ARGS narrows it (flashop.tune arguments), e.g. "--headdims 128 --directions backward".
 # abbuild: a kernel experiment across two builds of the Hopper module: the current build (A) against a
@@ -14,6 +17,7 @@
 #   "FLASHOP_SM90_SPLIT_LAST_WAVE=0"), sides alternating, ABB_ROUNDS times each: A default, B with it.
 # waves: how many CTAs and clusters run at once (tools/cluster_occupancy.cu), then tools/wave_probe.py
 #   (WAVE_ARGS: config, --seqlen, --heads) with the split last wave on and off.
+# power: SM clock and board power while flashop and cuDNN each run alone (tools/power_probe.py, POWER_ARGS).
 # policy: tune, then measure the policy's picks against the best config per shape.
 # ab: the benchmark (flashop.bench, its own runner and peers) once per config named in AB_CONFIGS, then the
 #   tuner's timing of the same shapes, so the two harnesses can be compared on one machine; AB_ARGS
@@ -41,6 +45,12 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the in-place build
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
 
+if has prebuilt; then
+  step "prebuilt modules from .prebuilt/"
+  cat .prebuilt/so.tgz.* | tar xzf - || { echo "no usable .prebuilt/so.tgz.*"; exit 1; }
+  python3 -c "import flashop; print(len(flashop.dispatch.built_configs()), 'configs built')" || exit 1
+fi
+
 if has build; then
   step build
   MAX_JOBS=$(nproc) python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
@@ -48,6 +58,11 @@ if has build; then
   grep -E "Compiling entry|registers|spill" "$OUT/build.log" | sed 's/^ptxas info *: //' > "$OUT/ptxas.txt" || true
   grep -B1 -A2 "bytes stack frame, [1-9]" "$OUT/build.log" | head -20
   python3 -c "import flashop; print('built configs:', flashop.dispatch.built_configs())"
+fi
+
+if has pack; then
+  step pack
+  tar cf - flashop/*.so | gzip -1 | split -b 15m - "$OUT/so.tgz." && ls -l "$OUT"/so.tgz.*
 fi
 
 if has test; then
@@ -95,7 +110,8 @@ fi
 if has abbuild; then
   step "a/b across builds: B = FLASHOP_SM90_NVCC_FLAGS='${ABB_FLAGS:?ABB_FLAGS names the experiment flags}'"
   so=$(ls flashop/_C_sm90*.so) && mkdir -p /tmp/abb && cp "$so" /tmp/abb/A.so
-  FLASHOP_SM90_NVCC_FLAGS="$ABB_FLAGS" MAX_JOBS=$(nproc) python3 setup.py build_ext --inplace > "$OUT/build_b.log" 2>&1 \
+  FLASHOP_SM90_ONLY=1 FLASHOP_SM90_NVCC_FLAGS="$ABB_FLAGS" MAX_JOBS=$(nproc) python3 setup.py build_ext --inplace \
+    > "$OUT/build_b.log" 2>&1 \
     || { tail -50 "$OUT/build_b.log"; exit 1; }
   grep -E "Compiling entry|registers|spill" "$OUT/build_b.log" | sed 's/^ptxas info *: //' > "$OUT/ptxas_b.txt" || true
   cp "$so" /tmp/abb/B.so
@@ -127,6 +143,10 @@ if has waves; then
     FLASHOP_SM90_SPLIT_LAST_WAVE=$split python3 tools/wave_probe.py \
       ${WAVE_ARGS:-sm90.bf16.d128.br128.bc192.mc.tmao --seqlen 8192 --heads 24} 2>&1 | tee -a "$OUT/waves.log"
   done
+fi
+if has power; then
+  step "power: clock and board power per implementation"
+  python3 tools/power_probe.py ${POWER_ARGS:-} 2>&1 | tee "$OUT/power.log"
 fi
 if has policy; then
   step "policy vs best (tunes into a scratch cache)"
