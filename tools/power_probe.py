@@ -2,8 +2,9 @@
 
     python3 tools/power_probe.py --dtype bf16 --headdim 128 --seqlen 8192 --seconds 4
 
-Each implementation (flashop, cuDNN, flashop again) runs alone for --seconds on the benchmark's shape
-(batch x seqlen = 32768 tokens, 2048 / headdim heads) while nvidia-smi samples the GPU every 100 ms;
+Each implementation (flashop, cuDNN, flashop again; then a plain matmul for reference) runs alone for
+--seconds on the benchmark's shape (batch x seqlen = 32768 tokens, 2048 / headdim heads) while nvidia-smi
+samples the GPU every 100 ms;
 per implementation: TFLOP/s over the window (CUDA events), and the mean SM clock and power of the
 samples inside it (the first second left out: the clock settles). Shows whether a kernel runs at a
 lower clock than its peer under the same load (power-bound) rather than doing less per cycle.
@@ -18,7 +19,7 @@ import time
 
 import torch
 
-from flashop.bench import Case, make_runner
+from flashop.bench import DTYPES, Case, make_runner
 
 
 def main():
@@ -29,6 +30,9 @@ def main():
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--config", default=None, help="flashop config (default: the policy's pick)")
+    parser.add_argument("--gemm", type=int, default=8192, metavar="N",
+                        help="also an N x N x N matmul in the same dtype (cuBLAS): the rate the tensor cores reach at "
+                             "this power limit without a softmax (0: leave it out)")
     args = parser.parse_args()
     case = Case(args.dtype, args.headdim, args.seqlen, max(1, 32768 // args.seqlen), 2048 // args.headdim,
                 args.causal, "fwd")
@@ -37,8 +41,13 @@ def main():
     windows = []
     try:
         time.sleep(1.0)
-        for impl in ("flashop", "cudnn", "flashop"):
-            run = make_runner(impl, case, "cuda", config=args.config if impl == "flashop" else None)
+        for impl in ("flashop", "cudnn", "flashop") + (("gemm",) if args.gemm else ()):
+            if impl == "gemm":
+                a, b = (torch.randn(args.gemm, args.gemm, device="cuda", dtype=DTYPES[args.dtype]) for _ in range(2))
+                run, flops = (lambda: torch.matmul(a, b)), 2.0 * args.gemm ** 3
+            else:
+                run = make_runner(impl, case, "cuda", config=args.config if impl == "flashop" else None)
+                flops = case.flops()
             run()
             torch.cuda.synchronize()
             start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -53,7 +62,7 @@ def main():
             end_event.record()
             torch.cuda.synchronize()
             t1 = time.time()
-            tflops = case.flops() * calls / (start_event.elapsed_time(end_event) * 1e-3) / 1e12
+            tflops = flops * calls / (start_event.elapsed_time(end_event) * 1e-3) / 1e12
             windows.append((impl, t0, t1, tflops))
             time.sleep(1.0)  # idle gap between windows
     finally:
