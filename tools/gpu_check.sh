@@ -12,7 +12,8 @@
 #   COMPARE_ARGS narrows it (flashop.tune arguments), e.g. "--headdims 128 --directions backward".
 # abbuild: a kernel experiment across two builds of the Hopper module: the current build (A) against a
 #   rebuild with FLASHOP_SM90_NVCC_FLAGS=$ABB_FLAGS (B); ABB_TEST (pytest -k expression) tests B first;
-#   then the benchmark (AB_ARGS) runs ABB_ROUNDS times per side, sides alternating. B stays installed.
+#   then the benchmark (AB_ARGS) runs ABB_ROUNDS times per side, sides alternating; ABB_POWER=1 adds the
+#   power probe (POWER_ARGS) once per side. B stays installed.
 # envab: the benchmark (AB_ARGS) with and without the environment setting ENVAB (e.g.
 #   "FLASHOP_SM90_SPLIT_LAST_WAVE=0"), sides alternating, ABB_ROUNDS times each: A default, B with it.
 # waves: how many CTAs and clusters run at once (tools/cluster_occupancy.cu), then tools/wave_probe.py
@@ -125,6 +126,13 @@ if has abbuild; then
         | sed "s/^/$side$round /" | tee -a "$OUT/abb.log"
     done
   done
+  if [ "${ABB_POWER:-0}" != 0 ]; then  # clock and power of each side under load (tools/power_probe.py, POWER_ARGS)
+    for side in A B; do
+      cp "/tmp/abb/$side.so" "$so"
+      echo "side $side" >> "$OUT/abb_power.log"
+      python3 tools/power_probe.py ${POWER_ARGS:-} 2>&1 | tee -a "$OUT/abb_power.log"
+    done
+  fi
 fi
 if has envab; then
   step "a/b by environment: B = ${ENVAB:?ENVAB names the setting of side B}"
