@@ -112,12 +112,6 @@
 #define FLASHOP_SM90_SPLIT_LAST_WAVE 1
 #endif
 
-// Experiment: S = Q K^T with Q from registers (A fragments loaded once per query tile by ldmatrix)
-// instead of from shared memory, where the registers allow it (see Sm90FwdTraits::kQInRegs).
-#ifndef FLASHOP_SM90_Q_IN_REGS
-#define FLASHOP_SM90_Q_IN_REGS 0
-#endif
-
 namespace flashop {
 namespace sm90 {
 
@@ -269,14 +263,6 @@ struct Sm90FwdTraits {
   // it refuses ("insufficient registers (80)"), so D = 128 has no three-CTA build.
   static constexpr int kConsumerRegs =
       kConsumerWGs == 2 ? 240 : kConsumerWGs == 3 ? 160 : kCtasPerSm == 3 ? 136 : 232;
-  // Q held in registers for the S wgmma (its A operand from registers, as P is for P V): each k16
-  // step of a key tile then reads only K from shared memory, not Q and K (at B_c = 128, 20% fewer
-  // bytes read per key tile: Q 16 KiB + K 32 + V 32 KiB per warpgroup -> 64 KiB). Costs D/4
-  // registers a thread for the whole tile: at D = 128 64 S + 32 P + 64 O + 32 Q of the 240 (232 at
-  // B_r = 64) for B_c <= 128; B_c = 176 / 192 and D = 256 have no room.
-  static constexpr bool kQInRegs = FLASHOP_SM90_Q_IN_REGS && kHeadDim == 128 && kBlockN <= 128 &&
-                                   kConsumerRegs >= 232;
-  static constexpr int kQFrags = kQInRegs ? kHeadDim / 16 : 1;  // k16 steps of Q held (1: unused)
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= 65536 / kCtasPerSm, "regs");
 };
 
@@ -306,38 +292,6 @@ __device__ __forceinline__ void issue_s_wgmma(float (&sacc)[T::kBlockN / 2], uin
     wgmma_ss<T::kBf16, T::kBlockN, 0>(sacc, da, db, kk > 0 ? 1 : 0);
   }
   wgmma_commit();
-}
-
-// The same with Q's A fragments from registers (T::kQInRegs): k16 step kk is qa[kk].
-template <class T>
-__device__ __forceinline__ void issue_s_wgmma_rs(float (&sacc)[T::kBlockN / 2],
-                                                 const uint32_t (&qa)[T::kQFrags][4], uint32_t k_stage) {
-  static_assert(T::kQInRegs, "Q fragments held");
-  fence_regs(sacc);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
-    const int b = kk / 4, t = kk % 4;
-    const uint64_t db = make_desc_sw128(k_stage + b * T::kKVBlockBytes + t * 32, 16, 1024);
-    wgmma_rs<T::kBf16, T::kBlockN, 0>(sacc, qa[kk], db, kk > 0 ? 1 : 0);
-  }
-  wgmma_commit();
-}
-
-// Q's A fragments of one consumer warpgroup's 64 rows (q_rows: their first row in the Q tile) for
-// every k16 step: warp w takes rows 16w..16w+15. Lanes 0-15 address rows 0-15 at the step's first 8
-// columns, lanes 16-31 the same rows at the next 8, so the four matrices are the fragment's a[0..3].
-// In the 128B swizzle the 16-byte chunk q of row r sits at chunk q ^ (r % 8) (q_rows and every
-// column block are 1024-byte aligned, so r % 8 is the row's index within its atom).
-template <class T>
-__device__ __forceinline__ void load_q_frags(uint32_t (&qa)[T::kQFrags][4], uint32_t q_rows, int warp, int lane) {
-  static_assert(T::kQInRegs, "Q fragments held");
-  const int r = 16 * warp + (lane % 16);
-#pragma unroll
-  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
-    const int b = kk / 4, chunk = 2 * (kk % 4) + lane / 16;
-    ldmatrix_x4(qa[kk], q_rows + b * T::kQBlockBytes + r * 128 + ((chunk ^ (r % 8)) * 16));
-  }
 }
 
 // O += P V over the first 16 kSteps keys of the V tile v_stage (issued and committed, not waited
@@ -740,10 +694,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // last tile made ptxas serialise every wgmma of the kernel, C7511: the accumulator registers of
   // the alternative widths).
   uint32_t sQ = q_buffer(0);  // the current tile's Q buffer
-  uint32_t qa[T::kQFrags][4];  // T::kQInRegs: this warpgroup's rows of the tile's Q (load_q_frags)
   auto issue_s = [&](float (&sacc)[kBN / 2], int s) {
-    if constexpr (T::kQInRegs) issue_s_wgmma_rs<T>(sacc, qa, sK + s * T::kKVBytes);
-    else issue_s_wgmma<T>(sacc, sQ + c * 64 * 128, sK + s * T::kKVBytes);
+    issue_s_wgmma<T>(sacc, sQ + c * 64 * 128, sK + s * T::kKVBytes);
   };
   // O += P V_j over the first `width` keys of the tile (rounded up to 64; B_c unless narrowed).
   auto issue_pv = [&](const uint32_t (&pa)[kBN / 16][4], int s, int width) {
@@ -1009,8 +961,6 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         if (c == kWGs - 1) named_bar_arrive<1, kTurnThreads>();
       }
       if constexpr (!T::kPersistent) mbar_wait(bar_q_full(k), q_full_parity(k));
-      // Q has landed (q_full, waited on every path by now): its fragments for the whole tile.
-      if constexpr (T::kQInRegs) load_q_frags<T>(qa, sQ + c * 64 * 128, warp, lane);
 
       float sacc[kBN / 2];
       uint32_t pa[kBN / 16][4];

@@ -167,19 +167,6 @@ __device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
   return v;
 }
 
-// Four 8x8 matrices of 16-bit elements from shared memory: lanes 8i..8i+7 give the row addresses of
-// matrix i, and each thread receives (row lane/4, elements 2(lane%4), +1) of matrix i in r[i] (PTX ISA
-// ldmatrix): with matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15)
-// that is a 16 x 16 A fragment of wgmma's register operand (the m16n8k16 layout per warp).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-#ifdef FLASHOP_SM90_ENABLED
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-#endif
-}
-
 // A flag in global memory between CTAs of one grid (the persistent kernel's split tiles): the writer
 // publishes data with a release store, the reader spins with acquire loads until it sees it.
 __device__ __forceinline__ void st_release_gpu(int* flag, int v) {
