@@ -2,7 +2,7 @@
 # The GPU machine in one command: build with all cores, CUDA tests, compute-sanitizer on small
 # shapes, the CUDA benchmark; logs, the report (markdown + PNG) and the build report under $OUT.
 #
-#   tools/gpu_check.sh [prebuilt] [build] [pack] [test] [sanitize] [bench] [quick] [compare] [ab] [abbuild] [envab] [waves] [power] [policy] [profile]
+#   tools/gpu_check.sh [prebuilt] [build] [pack] [test] [sanitize] [bench] [quick] [compare] [ab] [abbuild] [envab] [waves] [power] [wgmma] [policy] [profile]
 #   (none named: build test sanitize bench)
 #
 # pack: the built extension modules as $OUT/so.tgz.aa, .ab, ... (15 MiB pieces, under the device tool's
@@ -19,6 +19,8 @@
 # waves: how many CTAs and clusters run at once (tools/cluster_occupancy.cu), then tools/wave_probe.py
 #   (WAVE_ARGS: config, --seqlen, --heads) with the split last wave on and off.
 # power: SM clock and board power while flashop and cuDNN each run alone (tools/power_probe.py, POWER_ARGS).
+# wgmma: the share of the tensor pipe's peak per clock that bare wgmma streams reach, by shape and in the d128
+#   forward's GEMM mix without a softmax (tools/wgmma_rate.cu).
 # policy: tune, then measure the policy's picks against the best config per shape.
 # ab: the benchmark (flashop.bench, its own runner and peers) once per config named in AB_CONFIGS, then the
 #   tuner's timing of the same shapes, so the two harnesses can be compared on one machine; AB_ARGS
@@ -155,6 +157,11 @@ fi
 if has power; then
   step "power: clock and board power per implementation"
   python3 tools/power_probe.py ${POWER_ARGS:-} 2>&1 | tee "$OUT/power.log"
+fi
+if has wgmma; then
+  step "wgmma: share of the tensor peak per clock"
+  "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" -arch=sm_90a -std=c++17 --use_fast_math -Icsrc -o /tmp/wgmma_rate tools/wgmma_rate.cu \
+    && /tmp/wgmma_rate | tee "$OUT/wgmma_rate.log" || status=1
 fi
 if has policy; then
   step "policy vs best (tunes into a scratch cache)"
