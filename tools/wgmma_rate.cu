@@ -11,6 +11,8 @@
 // consumers issue their groups in turns on named barriers, as the forward kernel does. Cycles are
 // clock64 (SM clocks, so the figure does not depend on the clock the power limit allows). Operands
 // are random bf16 values; the results are summed into an output so nothing is optimised away.
+// Then the d128 forward's loop with its softmax (attention_loop_body), resident (one CTA per SM) and as a
+// grid of one-query-tile CTAs with their Q load and O store.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -98,15 +100,28 @@ __device__ __forceinline__ float quad_max(float x) {
 // does, wait for S, the online softmax of its two rows per thread (max, quad max, exp2, sum), wait for
 // P V, rescale O, and convert P to the A fragments of the next P V. Shows what the softmax between the
 // GEMMs costs the tensor pipe when every operand is already in shared memory.
+// As a grid (clock_ns not null): one CTA per query tile, `iters` key tiles each; with q_in and o_out, each CTA
+// first copies 40 KiB of operands from global memory (as the kernel waits for Q and K_0) and at the end
+// stores a 32 KiB "O"; thread 128 records its SM clock and the global timer at both ends (clock_ns: 4 per
+// CTA) so the host can turn elapsed time into clocks.
 template <int kBN>
-__global__ void __launch_bounds__(384, 1) attention_loop_kernel(long long* cycles, float* sink) {
+__device__ __forceinline__ void attention_loop_body(long long* cycles, float* sink, int iters, const uint4* q_in,
+                                                    uint4* o_out, unsigned long long* clock_ns, int prefetch_ahead) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
   uint8_t* smem = smem_raw + (base - smem_u32(smem_raw));
-  for (int i = threadIdx.x; i < (8 + 32) * 1024 / 2; i += blockDim.x) {
-    const uint32_t h = (i * 2654435761u) ^ (blockIdx.x * 40503u);
-    reinterpret_cast<uint16_t*>(smem)[i] = static_cast<uint16_t>(0x3c00 | (h & 0x80ff)) ^ 0x0100;
-  }
+  unsigned long long clk0 = clock64(), ns0 = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns0));
+  if (q_in != nullptr) {  // the operands (40 KiB: about Q's 32 KiB and part of K_0) from global memory
+    for (int i = threadIdx.x; i < 2560; i += blockDim.x)
+      reinterpret_cast<uint4*>(smem)[i] = q_in[static_cast<size_t>(blockIdx.x) * 2560 + i];
+    fence_proxy_async_smem();  // generic-proxy writes, then wgmma (async proxy) reads
+  } else if (clock_ns == nullptr) {  // resident: random operands
+    for (int i = threadIdx.x; i < (8 + 32) * 1024 / 2; i += blockDim.x) {
+      const uint32_t h = (i * 2654435761u) ^ (blockIdx.x * 40503u);
+      reinterpret_cast<uint16_t*>(smem)[i] = static_cast<uint16_t>(0x3c00 | (h & 0x80ff)) ^ 0x0100;
+    }
+  }  // else (a grid without memory traffic) whatever shared memory holds: the timing does not depend on it
   __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
@@ -128,7 +143,14 @@ __global__ void __launch_bounds__(384, 1) attention_loop_kernel(long long* cycle
   named_bar_sync<3, 256>();
   const long long t0 = clock64();
   if (c == 1) named_bar_arrive<1, 256>();
-  for (int it = 0; it < kIters; ++it) {
+  for (int it = 0; it < iters; ++it) {
+    // prefetch_ahead > 0: halfway through, one thread asks L2 for the operands of CTA blockIdx.x +
+    // prefetch_ahead (the one that will start about a wave later), so they do not come from DRAM then.
+    if (prefetch_ahead > 0 && it == iters / 2 && threadIdx.x == 128 &&
+        blockIdx.x + prefetch_ahead < gridDim.x) {
+      const uint4* next = q_in + static_cast<size_t>(blockIdx.x + prefetch_ahead) * 2560;
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(next), "r"(40 * 1024) : "memory");
+    }
     asm volatile("bar.sync %0, 256;" ::"r"(my_turn) : "memory");
     fence_regs(s_acc);
     wgmma_fence();
@@ -180,10 +202,30 @@ __global__ void __launch_bounds__(384, 1) attention_loop_kernel(long long* cycle
   if (c == 0) named_bar_sync<1, 256>();
   named_bar_sync<3, 256>();
   const long long t1 = clock64();
-  float sum = l[0] + l[1];
-  for (float x : o_acc) sum += x;
-  atomicAdd(sink, sum);
-  if (threadIdx.x == 128) cycles[blockIdx.x] = t1 - t0;
+  if (o_out != nullptr) {  // 64 rows x 128 bf16 per warpgroup, 16 bytes a thread per store
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint4 v = make_uint4(pack2<true>(o_acc[8 * i], o_acc[8 * i + 1]), pack2<true>(o_acc[8 * i + 2], o_acc[8 * i + 3]),
+                                 pack2<true>(o_acc[8 * i + 4], o_acc[8 * i + 5]), pack2<true>(o_acc[8 * i + 6], o_acc[8 * i + 7]));
+      o_out[(static_cast<size_t>(blockIdx.x) * 8 + i) * 256 + (threadIdx.x - 128)] = v;
+    }
+  } else {
+    float sum = l[0] + l[1];
+    for (float x : o_acc) sum += x;
+    if (clock_ns == nullptr) atomicAdd(sink, sum);
+    else if (sum == 1234.5f) *sink = sum;  // a grid: kept live without thousands of atomics on one address
+  }
+  if (threadIdx.x == 128) {
+    if (cycles != nullptr) cycles[blockIdx.x] = t1 - t0;
+    if (clock_ns != nullptr) {
+      unsigned long long ns1 = 0;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns1));
+      clock_ns[4 * blockIdx.x + 0] = clk0;
+      clock_ns[4 * blockIdx.x + 1] = clock64();
+      clock_ns[4 * blockIdx.x + 2] = ns0;
+      clock_ns[4 * blockIdx.x + 3] = ns1;
+    }
+  }
 }
 
 template <class Kernel>
@@ -209,9 +251,69 @@ void run(const char* label, int sms, long long* cycles_d, float* sink_d) {
 }
 
 template <int kBN>
+__global__ void __launch_bounds__(384, 1) attention_loop_resident(long long* cycles, float* sink) {
+  attention_loop_body<kBN>(cycles, sink, kIters, nullptr, nullptr, nullptr, 0);
+}
+template <int kBN>
+__global__ void __launch_bounds__(384, 1) attention_loop_kernel(long long* cycles, float* sink, int iters,
+                                                                 const uint4* q_in, uint4* o_out,
+                                                                 unsigned long long* clock_ns, int prefetch_ahead) {
+  attention_loop_body<kBN>(cycles, sink, iters, q_in, o_out, clock_ns, prefetch_ahead);
+}
+
+template <int kBN>
 void run_attention_loop(const char* label, int sms, long long* cycles_d, float* sink_d) {
   const double flop = 2.0 * kIters * 2 * (64.0 * kBN * 128 * 2);
-  time_kernel(label, attention_loop_kernel<kBN>, flop, sms, cycles_d, sink_d);
+  time_kernel(label, attention_loop_resident<kBN>, flop, sms, cycles_d, sink_d);
+}
+
+// The same loop as a grid of short CTAs: n_ctas query tiles of `iters` key tiles each (the 8k problem of the
+// benchmark: 4 x 16 heads x 64 query tiles of 128 rows, 43 key tiles of 192). The share comes from the
+// elapsed time (CUDA events) and the SM clock the CTAs saw (median of their clock64 / globaltimer rates), so
+// it counts the CTAs' start, Q load, O store and the grid's last wave.
+template <int kBN>
+void run_attention_grid(const char* label, int sms, int n_ctas, int iters, bool memory, float* sink_d,
+                        bool prefetch = false) {
+  uint4 *q_in = nullptr, *o_out = nullptr;
+  unsigned long long* clock_ns = nullptr;
+  if (memory) {
+    cudaMalloc(&q_in, static_cast<size_t>(n_ctas) * 40 * 1024);
+    cudaMalloc(&o_out, static_cast<size_t>(n_ctas) * 32 * 1024);
+    cudaMemset(q_in, 0x3c, static_cast<size_t>(n_ctas) * 40 * 1024);  // bf16 0x3c3c: 0.0115
+  }
+  cudaMalloc(&clock_ns, static_cast<size_t>(n_ctas) * 4 * sizeof(unsigned long long));
+  auto kernel = attention_loop_kernel<kBN>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  float ms = 0.f;
+  for (int rep = 0; rep < 3; ++rep) {  // the last of three back-to-back launches
+    cudaEventRecord(start);
+    kernel<<<n_ctas, 384, kSmemBytes>>>(nullptr, sink_d, iters, q_in, o_out, clock_ns, prefetch ? sms : 0);
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    cudaEventElapsedTime(&ms, start, stop);
+  }
+  if (cudaGetLastError() != cudaSuccess) {
+    std::printf("%s: %s\n", label, cudaGetErrorString(cudaGetLastError()));
+    return;
+  }
+  std::vector<unsigned long long> rec(static_cast<size_t>(n_ctas) * 4);
+  cudaMemcpy(rec.data(), clock_ns, rec.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost);
+  std::vector<double> ghz;
+  for (int b = 0; b < n_ctas; ++b) {
+    if (rec[4 * b + 3] > rec[4 * b + 2]) ghz.push_back(double(rec[4 * b + 1] - rec[4 * b]) / (rec[4 * b + 3] - rec[4 * b + 2]));
+  }
+  std::sort(ghz.begin(), ghz.end());
+  const double f = ghz[ghz.size() / 2];
+  const double flop = double(n_ctas) * iters * 2 * 2 * (64.0 * kBN * 128 * 2);
+  const double share = flop / (ms * 1e-3 * f * 1e9 * sms * 4096.0);
+  std::printf("| %s | %.1f%% | %.1f | (%.0f TFLOP/s at %.0f MHz) |\n", label, 100.0 * share, share * sms * 4096.0 / 1e3,
+              flop / (ms * 1e-3) / 1e12, f * 1e3);
+  cudaFree(q_in);
+  cudaFree(o_out);
+  cudaFree(clock_ns);
 }
 
 int main() {
@@ -237,6 +339,16 @@ int main() {
   run<192, 8, 128, 12, true>("d128 B_c 192, turns", sms, cycles_d, sink_d);
   run_attention_loop<128>("d128 B_c 128, turns + softmax", sms, cycles_d, sink_d);
   run_attention_loop<192>("d128 B_c 192, turns + softmax", sms, cycles_d, sink_d);
+  // The benchmark's 8k problem: 4 x 16 heads x 64 query tiles = 4096 CTAs (31 waves of 132 and 4 CTAs), 43
+  // key tiles of 192; 4092 = 31 whole waves.
+  run_attention_grid<192>("B_c 192 as 4096 CTAs of 43 key tiles (8k), operands in, O out", sms, 4096, 43, true, sink_d);
+  run_attention_grid<192>("B_c 192 as 4092 CTAs of 43 key tiles (whole waves), operands in, O out", sms, 4092, 43, true,
+                          sink_d);
+  run_attention_grid<192>("B_c 192 as 4092 CTAs of 43 key tiles, operands in (prefetched to L2 a wave ahead), O out",
+                          sms, 4092, 43, true, sink_d, true);
+  run_attention_grid<192>("B_c 192 as 4092 CTAs of 43 key tiles, no global memory", sms, 4092, 43, false, sink_d);
+  run_attention_grid<192>("B_c 192 as 1023 CTAs of 172 key tiles (whole waves), operands in, O out", sms, 1023, 172,
+                          true, sink_d);
   cudaFree(cycles_d);
   cudaFree(sink_d);
   return 0;
