@@ -112,13 +112,6 @@
 #define FLASHOP_SM90_SPLIT_LAST_WAVE 1
 #endif
 
-// One-tile-per-CTA kernels: halfway through its K/V loads, the producer asks L2 for the Q tile of the CTA
-// that starts about one wave later (tile number + SM count), so that CTA's first load is not a DRAM read
-// at a wave's start (see fwd_sm90_body).
-#ifndef FLASHOP_SM90_PREFETCH_NEXT_Q
-#define FLASHOP_SM90_PREFETCH_NEXT_Q 0
-#endif
-
 namespace flashop {
 namespace sm90 {
 
@@ -659,25 +652,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       } else if (n_tiles > 0) {
         const int kv_head = head / p.head_ratio;
         load_q(0);
-        // The whole tiles run in the plain order (set_tile's): tile t at blockIdx.x of a 1-D grid when
-        // the last wave is split (whole tiles below stream_k_tile0, pieces after), else at the linear
-        // index of the 3-D grid (blockIdx.x = n_q_tiles - 1 - q_tile, head, batch): the same numbering.
-        const bool split = T::kSplitTail && p.stream_k;
-        const int whole_tiles = split ? p.stream_k_tile0 : total_tiles;
-        const int next_tile = (split ? static_cast<int>(blockIdx.x)
-                                     : static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))) +
-                              num_sms();
-        for (int i = 0; i < 2 * n_tiles; ++i) {
-          load_item(0, i, n_tiles, kv_head);
-          if (FLASHOP_SM90_PREFETCH_NEXT_Q && i == n_tiles && next_tile < whole_tiles) {
-            const int hb = next_tile / n_q_tiles;
-            const int next_q_tile = n_q_tiles - 1 - (next_tile - hb * n_q_tiles);
-            const int next_batch = hb / p.heads_q;
-#pragma unroll
-            for (int b = 0; b < T::kDBlocks; ++b)
-              tma_prefetch_l2_4d(tm_q, b * 64, next_q_tile * kBM, hb - next_batch * p.heads_q, next_batch);
-          }
-        }
+        for (int i = 0; i < 2 * n_tiles; ++i) load_item(0, i, n_tiles, kv_head);
         if (multicast) {
           // The peer's consumers arrive on this CTA's empty barriers until their last P V: stay alive
           // until every slot's last use has been released by both CTAs.

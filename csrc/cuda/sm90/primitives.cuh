@@ -97,26 +97,6 @@ __device__ __forceinline__ void tma_load_4d(const void* tmap, uint32_t smem_dst,
 #endif
 }
 
-// Asks L2 to fetch a 4-D tile (the tensor map's box at these coordinates) from global memory; nothing
-// lands in shared memory and nothing waits for it (a hint: coordinates past the tensor are dropped).
-__device__ __forceinline__ void tma_prefetch_l2_4d(const void* tmap, int c0, int c1, int c2, int c3) {
-#ifdef FLASHOP_SM90_ENABLED
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" ::"l"(
-                   reinterpret_cast<uint64_t>(tmap)),
-               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-               : "memory");
-#endif
-}
-
-// The number of SMs of the GPU (%nsmid).
-__device__ __forceinline__ int num_sms() {
-  uint32_t n = 1;
-#ifdef FLASHOP_SM90_ENABLED
-  asm("mov.u32 %0, %%nsmid;" : "=r"(n));
-#endif
-  return static_cast<int>(n);
-}
-
 // The same load multicast to the CTAs of this cluster named in `cta_mask` (bit i: cluster rank i): the
 // box lands at offset `smem_dst` of each of them and completes its bytes on the mbarrier at offset `bar`
 // of each of them.
