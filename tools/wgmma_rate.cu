@@ -48,13 +48,22 @@ __device__ __forceinline__ OperandDescs operand_descs(uint32_t base) {
           make_desc_sw128(base + 8 * 1024, 16 * 1024, 1024)};
 }
 
+// The dynamic shared memory, 1024-byte aligned (the 128B swizzle's atom): its shared-space address.
+__device__ __forceinline__ uint32_t aligned_smem_base(uint8_t* smem_raw, uint8_t*& smem) {
+  const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
+  smem = smem_raw + (base - smem_u32(smem_raw));
+  return base;
+}
+
 template <int kSN, int kSSteps, int kPVN, int kPVSteps, bool kPingPong>
 __global__ void __launch_bounds__(384, 1) rate_kernel(long long* cycles, float* sink) {
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
-  uint8_t* smem = smem_raw + (base - smem_u32(smem_raw));
+  uint8_t* smem = nullptr;
+  const uint32_t base = aligned_smem_base(smem_raw, smem);
   fill_random_operands(smem);
   __syncthreads();
+  // The producer warpgroup (idle here) gives its registers to the consumers, as in the forward kernel.
+  // Kept inline: behind a helper that returns the role, ptxas ignores the setmaxnreg (C7507) and spills.
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     setmaxnreg_dec<24>();
@@ -120,8 +129,8 @@ template <int kBN>
 __device__ __forceinline__ void attention_loop_body(long long* cycles, float* sink, int iters, const uint4* q_in,
                                                     uint4* o_out, unsigned long long* clock_ns, int prefetch_ahead) {
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
-  uint8_t* smem = smem_raw + (base - smem_u32(smem_raw));
+  uint8_t* smem = nullptr;
+  const uint32_t base = aligned_smem_base(smem_raw, smem);
   unsigned long long clk0 = clock64(), ns0 = 0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns0));
   if (q_in != nullptr) {  // the operands (40 KiB: about Q's 32 KiB and part of K_0) from global memory
@@ -132,6 +141,8 @@ __device__ __forceinline__ void attention_loop_body(long long* cycles, float* si
     fill_random_operands(smem);
   }  // else (a grid without memory traffic) whatever shared memory holds: the timing does not depend on it
   __syncthreads();
+  // The producer warpgroup (idle here) gives its registers to the consumers, as in the forward kernel.
+  // Kept inline: behind a helper that returns the role, ptxas ignores the setmaxnreg (C7507) and spills.
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     setmaxnreg_dec<24>();
@@ -170,6 +181,8 @@ __device__ __forceinline__ void attention_loop_body(long long* cycles, float* si
     asm volatile("bar.arrive %0, 256;" ::"r"(next_turn) : "memory");
     wgmma_wait<1>();
     fence_regs(s_acc);
+    // The online softmax as fwd_kernel.cuh's `softmax` and `rescale_o` lambdas do it (there without the
+    // -inf guards this loop does not need: every score here is finite); keep the two in step.
     float corr[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
