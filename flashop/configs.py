@@ -505,18 +505,19 @@ def select_backward(names_filter=None, configs=None) -> list:
 
 # ---------------------------------------------------------------- Hopper forward kernels (flashop._C_sm90)
 #
-# Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.mc][.tmao|.pers[.lpt|.dyn]]. wgmma + TMA, one producer and two
+# Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.mc][.tmao|.pers[.lpt|.dyn|.rego]]. wgmma + TMA, one producer and two
 # consumer warpgroups; "nopp" drops the ping-pong barriers that let one consumer's softmax run under the other's
 # GEMMs; "st3" gives the K/V ring 3 stages instead of 2;
 # "tmao" writes O through shared memory (the dead Q tile) with a TMA store; "pers" is the persistent kernel
-# (one CTA per SM walking the tiles; it always uses the TMA store, so "pers" implies "tmao"); "pers.lpt" walks
+# (one CTA per SM walking the tiles; it uses the TMA store, so "pers" implies "tmao", except "pers.rego", which
+# stores O from registers and loads and frees Q by halves, one per consumer warpgroup); "pers.lpt" walks
 # the tiles longest first over all heads and batches (query tile varying slowest; "lpt" requires "pers");
 # "pers.dyn" takes its tiles at run time from a global counter (each CTA's next tile when it is ready for it);
 # "mc" (one tile per CTA, TMA store) runs non-causal problems with an even number of query tiles as clusters of
 # two CTAs that share each K/V tile through TMA multicast (each loads half), other problems as "tmao" does.
 # Built for sm_90a only: they run on compute capability 9.0 exactly.
 
-_HOPPER_SUFFIXES = ("nopp", "st3", "cta3", "mc", "tmao", "pers", "lpt", "dyn")
+_HOPPER_SUFFIXES = ("nopp", "st3", "cta3", "mc", "tmao", "pers", "lpt", "dyn", "rego")
 _HOPPER_HEADDIMS = (64, 128, 256)
 
 
@@ -536,8 +537,9 @@ class HopperConfig:
     dynamic: bool = False  # persistent, tiles taken at run time ("pers.dyn")
 
     def __post_init__(self):
-        if self.persistent and not self.tma_store:
-            raise ValueError("HopperConfig: persistent implies tma_store (the 'pers' kernel stages O in shared memory)")
+        if self.persistent and not self.tma_store and (self.longest_first or self.dynamic):
+            raise ValueError(f"HopperConfig {self.name!r}: the persistent kernel with O stored from registers "
+                             "('pers.rego') walks the tiles in the plain order (no 'lpt', no 'dyn')")
         if self.longest_first and not self.persistent:
             raise ValueError("HopperConfig: longest_first is a tile order of the persistent kernel ('lpt' needs 'pers')")
         if self.dynamic and not (self.persistent and not self.longest_first and self.separate_o):
@@ -581,7 +583,8 @@ class HopperConfig:
                 + (".mc" if self.multicast else "")
                 + (".pers" if self.persistent else ".tmao" if self.tma_store else "")
                 + (".lpt" if self.longest_first else "")
-                + (".dyn" if self.dynamic else ""))
+                + (".dyn" if self.dynamic else "")
+                + (".rego" if self.persistent and not self.tma_store else ""))
 
     def runs_on(self, capability: tuple) -> bool:
         return tuple(capability) == (9, 0)
@@ -596,7 +599,7 @@ class HopperConfig:
         """The persistent kernel stages O in a tile of its own where that fits (d64 and d128 at B_c = 128),
         so the next tile's Q loads under the epilogue (Sm90FwdTraits::kSeparateO)."""
         tiles = ELEMENT_BYTES * self.headdim * (2 * self.block_m + 2 * self.stages * self.block_n)
-        return self.persistent and tiles + 8 * (2 + 4 * self.stages) + 1024 <= MAX_SMEM_BYTES
+        return self.persistent and self.tma_store and tiles + 8 * (2 + 4 * self.stages) + 1024 <= MAX_SMEM_BYTES
 
     @property
     def double_q(self) -> bool:
@@ -604,6 +607,12 @@ class HopperConfig:
         at B_c = 128), so tile k+1's Q loads during tile k (Sm90FwdTraits::kDoubleQ)."""
         tiles = ELEMENT_BYTES * self.headdim * (3 * self.block_m + 2 * self.stages * self.block_n)
         return self.separate_o and tiles + 8 * (4 + 4 * self.stages) + 1024 <= MAX_SMEM_BYTES
+
+    @property
+    def q_halves(self) -> bool:
+        """The persistent kernel without the TMA store ('pers.rego') loads and frees Q in two halves, one per
+        consumer warpgroup, each with its own q_full / q_empty pair (Sm90FwdTraits::kQHalves)."""
+        return self.persistent and not self.tma_store
 
     @property
     def split_tail(self) -> bool:
@@ -624,11 +633,11 @@ class HopperConfig:
         """Q tile (two when double_q) + stages x (K + V tiles) (+ the O staging tile when separate_o) + 1024 B
         alignment slack + the mbarriers (csrc/cuda/sm90): q_full and, per stage, full and empty of K and of
         V (9 with 2 stages), one more (q_empty) in the persistent kernel, two more (the second Q buffer's
-        q_full and q_empty) when double_q.
+        q_full and q_empty) when double_q, or (q_halves) the second half's pair.
         Otherwise the TMA-store epilogue reuses the Q tile. K/V column blocks are not padded: B_c * 128
         bytes is a multiple of the 1024-byte swizzle atom for every B_c (a multiple of 16); d128 B_c = 176:
         212 992 + 1024 + 72 (80) = 214 088 (214 096) bytes."""
-        barriers = 1 + 4 * self.stages + (1 if self.persistent else 0) + (2 if self.double_q else 0)
+        barriers = 1 + 4 * self.stages + (1 if self.persistent else 0) + (2 if self.double_q or self.q_halves else 0)
         rows = self.block_m * (1 + self.separate_o + self.double_q) + 2 * self.stages * self.block_n
         # + "dyn": the tile number of each Q buffer's tile (two ints).
         return ELEMENT_BYTES * self.headdim * rows + 1024 + 8 * barriers + (8 if self.dynamic else 0)
@@ -639,13 +648,15 @@ class HopperConfig:
         suffixes = parts[5:]
         if len(parts) < 5 or parts[0] != "sm90" or any(x not in _HOPPER_SUFFIXES for x in suffixes):
             raise ValueError(
-                f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.cta3][.mc][.tmao|.pers[.lpt]]")
+                f"Hopper kernel config {name!r}: expected sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.cta3][.mc]"
+                "[.tmao|.pers[.lpt|.dyn|.rego]]")
         try:
             fields = int(parts[2][1:]), int(parts[3][2:]), int(parts[4][2:])
         except ValueError:
             raise ValueError(f"Hopper kernel config {name!r}: malformed field") from None
         persistent = "pers" in suffixes
-        config = cls(parts[1], *fields, "nopp" not in suffixes, "tmao" in suffixes or persistent, persistent,
+        tma_store = "tmao" in suffixes or (persistent and "rego" not in suffixes)
+        config = cls(parts[1], *fields, "nopp" not in suffixes, tma_store, persistent,
                      "lpt" in suffixes, 3 if "st3" in suffixes else 2, "mc" in suffixes, "cta3" in suffixes,
                      "dyn" in suffixes)
         if config.name != name:
@@ -687,7 +698,9 @@ HOPPER_FORWARD_CONFIGS = tuple(
     # d128 with B_c = 192 (224 KiB of tiles), one tile per CTA, and its multicast build.
     HopperConfig(dtype, 128, block_n=192, tma_store=True, multicast=mc) for mc in (False, True) for dtype in DTYPES) + tuple(
     # Persistent with tiles taken at run time ("pers.dyn"), where the kernel has its own O tile.
-    HopperConfig(dtype, d, tma_store=True, persistent=True, dynamic=True) for d in (128, 64) for dtype in DTYPES)
+    HopperConfig(dtype, d, tma_store=True, persistent=True, dynamic=True) for d in (128, 64) for dtype in DTYPES) + tuple(
+    # Persistent d128 with B_c = 192, O stored from registers ("pers.rego").
+    HopperConfig(dtype, 128, block_n=192, persistent=True) for dtype in DTYPES)
 
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)

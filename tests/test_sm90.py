@@ -114,8 +114,12 @@ CONFIGS = [
     "sm90.fp16.d128.br128.bc128.pers.dyn",
     "sm90.bf16.d64.br128.bc128.pers.dyn",
     "sm90.fp16.d64.br128.bc128.pers.dyn",
+    # persistent, 192 keys per tile, O stored from registers, Q loaded and freed by consumer warpgroup halves
+    "sm90.bf16.d128.br128.bc192.pers.rego",
+    "sm90.fp16.d128.br128.bc192.pers.rego",
 ]
 TMA_STORE_CONFIGS = [n for n in CONFIGS if n.endswith((".tmao", ".pers", ".pers.lpt", ".pers.dyn"))]
+REGISTER_O_PERSISTENT_CONFIGS = [n for n in CONFIGS if n.endswith(".pers.rego")]
 
 
 def reference(q, k, v, scale, causal, dtype=torch.float64):
@@ -252,7 +256,7 @@ def test_scores_that_grow_along_keys(name, causal, rate):
     check(name, q.to(dtype), k.to(dtype), v.to(dtype), causal, atol=3e-2 if dtype == torch.bfloat16 else 6e-3)
 
 
-@pytest.mark.parametrize("name", TMA_STORE_CONFIGS)
+@pytest.mark.parametrize("name", TMA_STORE_CONFIGS + REGISTER_O_PERSISTENT_CONFIGS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
     "B,Sq,Sk,Hq,Hk",
@@ -268,7 +272,8 @@ def test_scores_that_grow_along_keys(name, causal, rate):
     ],
 )
 def test_many_tiles(name, causal, B, Sq, Sk, Hq, Hk):
-    """More tiles than SMs: the persistent kernel's tile walk, K/V ring and Q/O-staging hand-over across tiles."""
+    """More tiles than SMs: the persistent kernel's tile walk, K/V ring and Q/O-staging hand-over across tiles
+    (".pers.rego": the Q halves' hand-over; (3, 130, ...): the second half of the last query tile not loaded)."""
     if name not in built():
         pytest.skip(f"{name} not built")
     dtype, D, _, _ = parse(name)
@@ -286,7 +291,7 @@ def split_tail_expected(name, tiles, Sk, causal):
             and (grid - rest) * 100 >= grid * (waves + 1))
 
 
-PERSISTENT_CONFIGS = [n for n in CONFIGS if n.endswith(".pers")]
+PERSISTENT_CONFIGS = [n for n in CONFIGS if n.endswith((".pers", ".pers.rego"))]
 SPLIT_TAIL_CASES = {  # name: (query heads as a function of the SM count, Sk); 200 queries = 2 query tiles
     "one wave and one tile": (lambda sms: (sms + 2) // 2, 1000),  # every tile shared out, most of them cut
     "two waves and a sixth": (lambda sms: sms + sms // 6, 300),   # whole tiles first, then the split part
@@ -406,7 +411,9 @@ def tma_store_reference(name):
     shape (the name minus its last suffix) where it is in CONFIGS; else, for a ".pers" config, the ".tmao" one
     of the same shape (B_c = 176 has no plain-store build; the persistent kernel's tile walk, Q/O-staging
     hand-over and K/V ring phases across tiles are then what differs); a ".pers.lpt" or ".pers.dyn" config:
-    its ".pers" sibling (only the tile order differs); a ".st3" config: its 2-stage sibling (only the K/V ring depth
+    its ".pers" sibling (only the tile order differs); a ".tmao" config without a plain-store build of its shape
+    (B_c = 192): the ".pers.rego" one (the persistent walk, the Q halves and the store from registers differ);
+    a ".st3" config: its 2-stage sibling (only the K/V ring depth
     differs); a ".cta3" config: its two-CTA sibling (only the register budget differs); a ".mc" config: the same kernel without multicast (only where K/V come from differs). None:
     nothing to compare with."""
     if ".mc." in name:
@@ -424,6 +431,8 @@ def tma_store_reference(name):
         return plain
     if name.endswith(".pers") and plain + ".tmao" in CONFIGS:
         return plain + ".tmao"
+    if name.endswith(".tmao") and plain + ".pers.rego" in CONFIGS:
+        return plain + ".pers.rego"
     return None
 
 

@@ -2,12 +2,14 @@
 # The GPU machine in one command: build with all cores, CUDA tests, compute-sanitizer on small
 # shapes, the CUDA benchmark; logs, the report (markdown + PNG) and the build report under $OUT.
 #
-#   tools/gpu_check.sh [prebuilt] [build] [pack] [test] [sanitize] [bench] [quick] [compare] [ab] [abbuild] [envab] [waves] [power] [wgmma] [policy] [profile]
+#   tools/gpu_check.sh [prebuilt] [build] [sm90build] [pack] [test] [sanitize] [bench] [quick] [compare] [ab] [abbuild] [envab] [waves] [power] [wgmma] [policy] [profile]
 #   (none named: build test sanitize bench)
 #
 # pack: the built extension modules as $OUT/so.tgz.aa, .ab, ... (15 MiB pieces, under the device tool's
 #   size limit per file); prebuilt: unpack such pieces from .prebuilt/ (carried) instead of building, so a
 #   later run on a fresh machine skips the build (the modules must come from the same tree).
+# sm90build: rebuild only the Hopper module (FLASHOP_SM90_ONLY=1) over the modules in place, e.g. after prebuilt
+#   when only csrc/cuda/sm90 or its glue changed since the pieces were packed.
 # compare: every candidate config timed per shape, relative to the fastest (no cache written);
 #   COMPARE_ARGS narrows it (flashop.tune arguments), e.g. "--headdims 128 --directions backward".
 # abbuild: a kernel experiment across two builds of the Hopper module: the current build (A) against a
@@ -27,7 +29,8 @@
 #   gives the benchmark's shape arguments, e.g. "--dtypes bf16 --headdims 64 --seqlens 1024 --causal True".
 # profile: Nsight Compute on one kernel launch of tools/profile_case.py (PROFILE_ARGS, PROFILE_KERNEL);
 #   the report, its details page, and a per-instruction stall listing (tools/ncu_sass_listing.py).
-# TEST_K narrows the test stage (pytest -k expression); AB_TUNER=0 skips the tuner half of ab.
+# TEST_K narrows the test stage (pytest -k expression); AB_TUNER=0 skips the tuner half of ab. TEST_TIMEOUT (seconds,
+# default 900) stops a hanging test run of the test and abbuild stages.
 # SANITIZE_CONFIGS (fnmatch patterns over config names; the Hopper ones start with "sm90.") and SANITIZE_TOOLS narrow
 # the sanitizer stage (default: every bf16 config, mma.sync and Hopper).
 # quick: a short benchmark (seqlens 1k/4k/16k, d64/d128, bf16). Extra arguments for the benchmark
@@ -63,6 +66,14 @@ if has build; then
   python3 -c "import flashop; print('built configs:', flashop.dispatch.built_configs())"
 fi
 
+if has sm90build; then
+  step "build (Hopper module only)"
+  FLASHOP_SM90_ONLY=1 MAX_JOBS=$(nproc) python3 setup.py build_ext --inplace > "$OUT/build_sm90.log" 2>&1 \
+    || { tail -50 "$OUT/build_sm90.log"; exit 1; }
+  grep -E "Compiling entry|registers|spill" "$OUT/build_sm90.log" | sed 's/^ptxas info *: //' > "$OUT/ptxas.txt" || true
+  python3 -c "import flashop; print(len(flashop.dispatch.built_configs()), 'configs built')" || exit 1
+fi
+
 if has pack; then
   step pack
   tar cf - flashop/*.so | gzip -1 | split -b 15m - "$OUT/so.tgz." && ls -l "$OUT"/so.tgz.*
@@ -70,7 +81,8 @@ fi
 
 if has test; then
   step test
-  python3 -m pytest -q -rfEs tests -k "${TEST_K:-cuda or sm90 or hopper or timed}" 2>&1 | tee "$OUT/test_cuda.log" | tail -25
+  timeout "${TEST_TIMEOUT:-900}" python3 -m pytest -q -rfEs tests -k "${TEST_K:-cuda or sm90 or hopper or timed}" 2>&1 \
+    | tee "$OUT/test_cuda.log" | tail -25
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
@@ -118,8 +130,11 @@ if has abbuild; then
     || { tail -50 "$OUT/build_b.log"; exit 1; }
   grep -E "Compiling entry|registers|spill" "$OUT/build_b.log" | sed 's/^ptxas info *: //' > "$OUT/ptxas_b.txt" || true
   cp "$so" /tmp/abb/B.so
-  if [ -n "${ABB_TEST:-}" ]; then
-    python3 -m pytest -q -x tests -k "$ABB_TEST" 2>&1 | tail -3 || status=1
+  if [ -n "${ABB_TEST:-}" ]; then  # a failing (or hanging: TEST_TIMEOUT seconds) B is not timed
+    timeout "${TEST_TIMEOUT:-900}" python3 -m pytest -q -x tests -k "$ABB_TEST" > "$OUT/test_b.log" 2>&1
+    rc=$?
+    tail -3 "$OUT/test_b.log"
+    [ $rc -eq 0 ] || { echo "B tests failed (rc=$rc)"; exit 1; }
   fi
   for round in $(seq "${ABB_ROUNDS:-2}"); do
     for side in A B; do

@@ -163,7 +163,7 @@ cudaError_t launch_fwd(const FwdParams& params, void* workspace, cudaStream_t st
   const int kv_box_rows = cluster_pairs ? T::kKVHalfRows : T::kBlockN;
   CUtensorMap tq, tk, tv;
   cudaError_t err = encode_bshd(&tq, T::kBf16, p.q, p.batch, p.seqlen_q, p.heads_q, p.headdim,
-                                p.q_batch_stride, p.q_row_stride, p.q_head_stride, T::kBlockM);
+                                p.q_batch_stride, p.q_row_stride, p.q_head_stride, T::kQBoxRows);
   if (err == cudaSuccess)
     err = encode_bshd(&tk, T::kBf16, p.k, p.batch, p.seqlen_k, p.heads_k, p.headdim,
                       p.k_batch_stride, p.k_row_stride, p.k_head_stride, kv_box_rows);
@@ -172,12 +172,62 @@ cudaError_t launch_fwd(const FwdParams& params, void* workspace, cudaStream_t st
                       p.v_batch_stride, p.v_row_stride, p.v_head_stride, kv_box_rows);
   if (err != cudaSuccess) return err;
 
+  // The grid and the schedule's parameters: one CTA per tile (the split last wave: per whole tile, then
+  // per piece), or one per SM (persistent).
+  dim3 grid(q_tiles, p.heads_q, p.batch);
+  if constexpr (T::kSplitTail) {
+    SplitTailPlan plan;
+    err = split_tail_plan<T>(p, &plan);
+    if (err != cudaSuccess) return err;
+    if (plan.on) {
+      // fwd_workspace_bytes asked for it; the arrival counters after the partial results start at 0.
+      if (workspace == nullptr) return cudaErrorInvalidValue;
+      p.workspace = workspace;
+      p.stream_k = true;
+      p.stream_k_tile0 = plan.whole;
+      p.split_tiles = plan.split_tiles;
+      p.split_pieces = plan.pieces;
+      const std::size_t data = static_cast<std::size_t>(plan.split_tiles) * plan.pieces * T::kPartialFloat4s * 16;
+      err = cudaMemsetAsync(static_cast<char*>(workspace) + data, 0,
+                            static_cast<std::size_t>(plan.split_tiles) * T::kConsumerWGs * 4, stream);
+      if (err != cudaSuccess) return err;
+      grid = dim3(static_cast<unsigned>(plan.whole + plan.split_tiles * plan.pieces), 1, 1);
+    }
+  }
+  if constexpr (T::kPersistent) {
+    // Each CTA walks tiles blockIdx.x, +gridDim.x, ... (fwd_kernel.cuh; "pers.lpt" numbers the same
+    // tiles in another order), and with the split tail shares the last waves' key tiles.
+    int64_t tiles = 0;
+    int ctas = 0;
+    err = persistent_grid<T>(p, &tiles, &ctas);
+    if (err != cudaSuccess) return err;
+    grid = dim3(static_cast<unsigned>(ctas), 1, 1);
+    if constexpr (T::kDynamic) {
+      if (workspace == nullptr) return cudaErrorInvalidValue;
+      p.workspace = workspace;
+      err = cudaMemsetAsync(workspace, 0, sizeof(int), stream);
+      if (err != cudaSuccess) return err;
+    }
+    const StreamKPlan plan = stream_k_plan<T>(p, tiles, ctas);
+    p.stream_k = plan.on;
+    p.stream_k_tile0 = plan.tile0;
+    if (plan.on) {
+      // fwd_workspace_bytes asked for it: partial results, then one flag per (CTA, consumer
+      // warpgroup), which must start at 0.
+      if (workspace == nullptr) return cudaErrorInvalidValue;
+      p.workspace = workspace;
+      const std::size_t data = static_cast<std::size_t>(ctas) * T::kPartialFloat4s * 16;
+      err = cudaMemsetAsync(static_cast<char*>(workspace) + data, 0,
+                            static_cast<std::size_t>(ctas) * T::kConsumerWGs * 4, stream);
+      if (err != cudaSuccess) return err;
+    }
+  }
+
   if constexpr (!T::kTmaStore) {
     auto kernel = fwd_kernel_sm90<T>;
     // The attribute is per device; setting it on every launch is cheap and safe.
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
     if (err != cudaSuccess) return err;
-    const dim3 grid(q_tiles, p.heads_q, p.batch);
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, p);
   } else {
     // O: always a fresh contiguous (B, Sq, Hq, D) tensor (allocate_forward_outputs),
@@ -197,54 +247,6 @@ cudaError_t launch_fwd(const FwdParams& params, void* workspace, cudaStream_t st
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared);
     if (err != cudaSuccess) return err;
-    dim3 grid(q_tiles, p.heads_q, p.batch);
-    if constexpr (T::kSplitTail) {
-      SplitTailPlan plan;
-      err = split_tail_plan<T>(p, &plan);
-      if (err != cudaSuccess) return err;
-      if (plan.on) {
-        // fwd_workspace_bytes asked for it; the arrival counters after the partial results start at 0.
-        if (workspace == nullptr) return cudaErrorInvalidValue;
-        p.workspace = workspace;
-        p.stream_k = true;
-        p.stream_k_tile0 = plan.whole;
-        p.split_tiles = plan.split_tiles;
-        p.split_pieces = plan.pieces;
-        const std::size_t data = static_cast<std::size_t>(plan.split_tiles) * plan.pieces * T::kPartialFloat4s * 16;
-        err = cudaMemsetAsync(static_cast<char*>(workspace) + data, 0,
-                              static_cast<std::size_t>(plan.split_tiles) * T::kConsumerWGs * 4, stream);
-        if (err != cudaSuccess) return err;
-        grid = dim3(static_cast<unsigned>(plan.whole + plan.split_tiles * plan.pieces), 1, 1);
-      }
-    }
-    if constexpr (T::kPersistent) {
-      // Each CTA walks tiles blockIdx.x, +gridDim.x, ... (fwd_kernel.cuh; "pers.lpt" numbers the same
-      // tiles in another order), and with the split tail shares the last waves' key tiles.
-      int64_t tiles = 0;
-      int ctas = 0;
-      err = persistent_grid<T>(p, &tiles, &ctas);
-      if (err != cudaSuccess) return err;
-      grid = dim3(static_cast<unsigned>(ctas), 1, 1);
-      if constexpr (T::kDynamic) {
-        if (workspace == nullptr) return cudaErrorInvalidValue;
-        p.workspace = workspace;
-        err = cudaMemsetAsync(workspace, 0, sizeof(int), stream);
-        if (err != cudaSuccess) return err;
-      }
-      const StreamKPlan plan = stream_k_plan<T>(p, tiles, ctas);
-      p.stream_k = plan.on;
-      p.stream_k_tile0 = plan.tile0;
-      if (plan.on) {
-        // fwd_workspace_bytes asked for it: partial results, then one flag per (CTA, consumer
-        // warpgroup), which must start at 0.
-        if (workspace == nullptr) return cudaErrorInvalidValue;
-        p.workspace = workspace;
-        const std::size_t data = static_cast<std::size_t>(ctas) * T::kPartialFloat4s * 16;
-        err = cudaMemsetAsync(static_cast<char*>(workspace) + data, 0,
-                              static_cast<std::size_t>(ctas) * T::kConsumerWGs * 4, stream);
-        if (err != cudaSuccess) return err;
-      }
-    }
     if (cluster_pairs) {
       // blockIdx.x 2i and 2i+1 (query tiles n-1-2i and n-2-2i, fwd_kernel.cuh; split last wave: the same
       // piece of two such tiles) form a cluster.
@@ -349,6 +351,9 @@ using Bf16D128PersDyn = Sm90FwdTraits<true, 128, 128, 128, true, true, true, fal
 using Fp16D128PersDyn = Sm90FwdTraits<false, 128, 128, 128, true, true, true, false, 2, false, 0, true>;
 using Bf16D64PersDyn = Sm90FwdTraits<true, 64, 128, 128, true, true, true, false, 2, false, 0, true>;
 using Fp16D64PersDyn = Sm90FwdTraits<false, 64, 128, 128, true, true, true, false, 2, false, 0, true>;
+// Persistent 192-key d128 kernel storing O from registers ("pers.rego"): Q loaded and freed by halves.
+using Bf16D128Bc192PersRego = Sm90FwdTraits<true, 128, 128, 192, true, false, true>;
+using Fp16D128Bc192PersRego = Sm90FwdTraits<false, 128, 128, 192, true, false, true>;
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
@@ -436,6 +441,9 @@ const Sm90FwdKernel kKernels[] = {
     entry<Fp16D128PersDyn>("sm90.fp16.d128.br128.bc128.pers.dyn"),
     entry<Bf16D64PersDyn>("sm90.bf16.d64.br128.bc128.pers.dyn"),
     entry<Fp16D64PersDyn>("sm90.fp16.d64.br128.bc128.pers.dyn"),
+    // Persistent, O stored from registers.
+    entry<Bf16D128Bc192PersRego>("sm90.bf16.d128.br128.bc192.pers.rego"),
+    entry<Fp16D128Bc192PersRego>("sm90.fp16.d128.br128.bc192.pers.rego"),
 };
 
 }  // namespace

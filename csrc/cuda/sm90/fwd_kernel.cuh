@@ -27,12 +27,16 @@
 //     kTmaStore ("tmao"): O -> this warpgroup's own 64-row half of the Q tile in
 //       shared memory (128B swizzle) -> fence.proxy.async -> named barrier 3+c
 //       -> one thread: TMA store (box 64 rows, clipped at Sq), wait for the read.
-//   kPersistent ("pers", implies kTmaStore): grid = #SMs, each CTA walks tiles
+//   kPersistent ("pers"; with kTmaStore, except "pers.rego"): grid = #SMs, each CTA walks tiles
 //     blockIdx.x, +gridDim.x, ...; the K/V ring's load counter, the q_full /
 //     q_empty phases and the consumers' ping-pong run on across tiles (see
 //     fwd_sm90_body), so one consumer starts tile k+1 while the other stores tile k. With
 //     its own O tile (d64, d128 at B_c = 128) it also keeps two Q buffers (tile k+1's Q
 //     loads during tile k) and waits for an O store's read only before the next one.
+//   kQHalves ("pers.rego": persistent, plain stores; d128 at B_c = 192, where no O tile or second Q
+//     fits): O goes from registers to global memory, and each consumer warpgroup's 64 rows of Q have
+//     their own q_full / q_empty pair, so the next tile's half loads right after that warpgroup's
+//     last S of this tile.
 //   B_c > 128: the last key tile's P V runs only over the 64-key blocks that hold
 //     a visible key (the "narrow last key tile").
 //   kStreamK (the plain "pers" order, non-causal, when the launcher asks): the tiles of the
@@ -171,7 +175,10 @@ struct Sm90FwdTraits {
                     (kBlockN == 80 && kHeadDim == 256),
                 "wgmma N of S: B_c 64 or 128 (176 or 192 at D = 128, 80 at D = 256)");
   static_assert(kBlockN % 16 == 0, "P V takes B_c/16 k16 steps");
-  static_assert(!kPersistent || kTmaStore, "the persistent kernel stages O in the Q tile");
+  // Persistent without the TMA store ("pers.rego"): O goes from registers straight to global memory, so
+  // a consumer warpgroup's half of the Q tile is dead after its last S of a tile (kQHalves below).
+  static_assert(!kPersistent || kTmaStore || (!kLongestFirst && !kDynamic),
+                "the persistent kernel with O stored from registers walks the tiles in the plain order");
   static_assert(!kLongestFirst || kPersistent, "the longest-first order is a persistent tile order");
   static_assert(!kMulticast || (kTmaStore && !kPersistent), "multicast: one tile per CTA, TMA store");
 
@@ -194,7 +201,7 @@ struct Sm90FwdTraits {
   // Q is then free once a tile's last S = Q K^T is complete, so the producer loads the next tile's Q
   // under the last P V and the epilogue instead of after the O store has read the staging.
   static constexpr bool kSeparateO =
-      kPersistent && 2 * kQBytes + kKVRingBytes + 8 * (2 + 4 * kStages) + 1024 <= 227 * 1024;
+      kPersistent && kTmaStore && 2 * kQBytes + kKVRingBytes + 8 * (2 + 4 * kStages) + 1024 <= 227 * 1024;
   // And where a second Q buffer fits too (d64, and d128 at B_c = 128: 3 x 32 KiB + 128 KiB), tiles
   // alternate between the two: the producer loads tile k+1's Q as soon as it has issued tile k's
   // last K/V load, two key tiles or more before the consumers need it, instead of after tile k's
@@ -202,6 +209,16 @@ struct Sm90FwdTraits {
   static constexpr bool kDoubleQ = kSeparateO && FLASHOP_SM90_DOUBLE_Q &&
                                    3 * kQBytes + kKVRingBytes + 8 * (4 + 4 * kStages) + 1024 <= 227 * 1024;
   static constexpr int kQBuffers = kDoubleQ ? 2 : 1;
+  // Persistent, O stored from registers ("pers.rego"): one Q buffer, loaded and released in two halves,
+  // the 64 rows of each consumer warpgroup (the only rows its S wgmma reads), each with its own q_full /
+  // q_empty pair (the slots kDoubleQ's second buffer uses). Half c of tile k+1 loads as soon as consumer
+  // c's last S of tile k is complete, under that warpgroup's last softmax, P V and O store, instead of
+  // after both consumers' last S (the first warpgroup to finish a tile would wait for it).
+  static constexpr bool kQHalves = kPersistent && !kTmaStore;
+  static_assert(!kQHalves || kConsumerWGs == 2, "Q halves: two consumer warpgroups");
+  static constexpr int kQPairs = kDoubleQ || kQHalves ? 2 : 1;  // q_full / q_empty pairs
+  // Rows of one Q load (the Q tensor map's box).
+  static constexpr int kQBoxRows = kQHalves ? 64 : kBlockM;
   // Split tail (non-causal, where the launcher asks for it; see fwd_sm90_body): the tiles of the last
   // two waves are shared out over the CTAs by key tiles. Persistent kernels in the plain tile order.
   static constexpr bool kStreamK = kPersistent && !kLongestFirst && !kDynamic && FLASHOP_SM90_STREAM_K;
@@ -237,7 +254,7 @@ struct Sm90FwdTraits {
                 "every K/V stage and column block starts 1024-byte aligned");
   // barriers: q_full, full_k[S], full_v[S], empty_k[S], empty_v[S] (S = kStages; + q_empty when persistent;
   // + q_full and q_empty of the second Q buffer)
-  static constexpr int kNumBars = 1 + 4 * kStages + (kPersistent ? 1 : 0) + (kDoubleQ ? 2 : 0);
+  static constexpr int kNumBars = 1 + 4 * kStages + (kPersistent ? 1 : 0) + (kQPairs == 2 ? 2 : 0);
   // kDynamic: after the barriers, the tile number of each Q buffer's tile (int; >= the tile count: no more).
   static constexpr int kSmemUsed = kBarOff + 8 * kNumBars + (kDynamic ? 8 : 0);
   static constexpr int kSmemBytes = kSmemUsed + 1024;  // + slack for 1024-byte alignment
@@ -395,9 +412,12 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   auto bar_full_v = [&](int s) { return bar_q + 8u * (1 + T::kStages + s); };
   auto bar_empty_k = [&](int s) { return bar_q + 8u * (1 + 2 * T::kStages + s); };
   auto bar_empty_v = [&](int s) { return bar_q + 8u * (1 + 3 * T::kStages + s); };
-  auto bar_q_full = [&](uint32_t k) { return T::kDoubleQ && (k & 1) ? bar_q + 8u * (2 + 4 * T::kStages) : bar_q; };
-  auto bar_q_empty = [&](uint32_t k) {  // kPersistent only
-    return bar_q + 8u * (T::kDoubleQ && (k & 1) ? 3 + 4 * T::kStages : 1 + 4 * T::kStages);
+  // The q_full / q_empty pair of tile k's Q buffer (kDoubleQ), or of consumer warpgroup `half`'s rows of
+  // the one buffer (kQHalves).
+  auto q_pair = [&](uint32_t k, int half) -> uint32_t { return T::kDoubleQ ? (k & 1) : T::kQHalves ? half : 0; };
+  auto bar_q_full = [&](uint32_t pair) { return pair ? bar_q + 8u * (2 + 4 * T::kStages) : bar_q; };
+  auto bar_q_empty = [&](uint32_t pair) {  // kPersistent only
+    return bar_q + 8u * (pair ? 3 + 4 * T::kStages : 1 + 4 * T::kStages);
   };
   // The phase parity of tile k's q_full (consumers) and, for k >= kQBuffers, of the q_empty phase the
   // producer waits for before it reloads the buffer: the buffer's use number k / kQBuffers.
@@ -542,8 +562,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     tma_prefetch_desc(tm_k);
     tma_prefetch_desc(tm_v);
     if constexpr (T::kTmaStore) tma_prefetch_desc(tm_o);
-    mbar_init(bar_q_full(0), 1);
-    if constexpr (T::kDoubleQ) mbar_init(bar_q_full(1), 1);
+    for (uint32_t q = 0; q < T::kQPairs; ++q) mbar_init(bar_q_full(q), 1);
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(bar_full_k(s), 1);
       mbar_init(bar_full_v(s), 1);
@@ -552,10 +571,11 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       mbar_init(bar_empty_v(s), 4 * T::kConsumerWGs * cluster_ctas);
     }
     // q_empty: one arrival per consumer warpgroup after its O store has read the staging in Q, or
-    // (kSeparateO) one per consumer warp after its last S of the tile.
+    // (kSeparateO) one per consumer warp after its last S of the tile, or (kQHalves) one per warp of
+    // the half's consumer warpgroup.
     if constexpr (T::kPersistent) {
-      for (uint32_t k = 0; k < T::kQBuffers; ++k)
-        mbar_init(bar_q_empty(k), T::kSeparateO ? 4 * T::kConsumerWGs : T::kConsumerWGs);
+      for (uint32_t q = 0; q < T::kQPairs; ++q)
+        mbar_init(bar_q_empty(q), T::kQHalves ? 4 : T::kSeparateO ? 4 * T::kConsumerWGs : T::kConsumerWGs);
     }
     mbar_init_fence();
   }
@@ -598,12 +618,15 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         const int j = i == 0 ? 0 : (i == 2 * n - 1 ? n - 1 : ((i & 1) ? (i + 1) / 2 : i / 2 - 1));
         load_tile(is_v, g0 + j, j, kv_head);
       };
-      auto load_q = [&](uint32_t k) {
-        const uint32_t full = bar_q_full(k);
-        mbar_arrive_expect_tx(full, T::kQBytes);
+      // Q of the CTA's tile k (kQHalves: its rows 64 half .. 64 half + 63 only).
+      auto load_q = [&](uint32_t k, int half) {
+        const uint32_t full = bar_q_full(q_pair(k, half));
+        const int row0 = T::kQHalves ? 64 * half : 0;
+        mbar_arrive_expect_tx(full, T::kQBoxRows * 128 * T::kDBlocks);
 #pragma unroll
         for (int b = 0; b < T::kDBlocks; ++b)
-          tma_load_4d(tm_q, q_buffer(k) + b * T::kQBlockBytes, full, b * 64, q_tile * kBM, head, batch);
+          tma_load_4d(tm_q, q_buffer(k) + b * T::kQBlockBytes + row0 * 128, full, b * 64, q_tile * kBM + row0,
+                      head, batch);
       };
       if constexpr (T::kPersistent) {
         uint32_t g0 = 0;  // K/V loads issued by this CTA before the current tile
@@ -615,16 +638,25 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
           // before. One: K_0, K_1, V_0 first, they do not wait for anything of this
           // tile (their ring slots are freed before the previous tile's epilogue),
           // so they load while the consumers still store the previous O.
-          const int pre = T::kDoubleQ ? 0 : min(3, 2 * n_tiles);
+          // Q halves: K_0 first (its slot was freed by both consumers' S two key tiles before the end of
+          // the previous tile), then each half as soon as its consumer's last S is complete; K_1 and V_0
+          // wait for the previous tile's last S and P V of both consumers anyway.
+          const int pre = T::kDoubleQ ? 0 : T::kQHalves ? min(1, n_tiles) : min(3, 2 * n_tiles);
           for (int i = 0; i < pre; ++i) load_item(g0, i, n_tiles, kv_head);
-          // Wait until both consumers are done with the buffer's previous tile
-          // (k-1, or k-2 with two buffers): their epilogue is complete (the O
-          // staging lives in Q), or (kSeparateO) their last S.
-          if (k >= T::kQBuffers) mbar_wait(bar_q_empty(k), q_empty_parity(k));
-          // Published by the q_full phase below (arrive: release; the consumers' wait: acquire).
-          if constexpr (T::kDynamic) st_shared_b32(tile_slot(k), static_cast<uint32_t>(slot_tile));
-          if (n_tiles > 0) load_q(k);
-          else mbar_arrive(bar_q_full(k));  // q_full phase k without Q (hand-shake only)
+          for (int half = 0; half < (T::kQHalves ? 2 : 1); ++half) {
+            const uint32_t pair = q_pair(k, half);
+            // Wait until the consumers are done with the buffer's previous tile
+            // (k-1, or k-2 with two buffers): their epilogue is complete (the O
+            // staging lives in Q), or (kSeparateO, kQHalves) their last S.
+            if (k >= T::kQBuffers) mbar_wait(bar_q_empty(pair), q_empty_parity(k));
+            // The tile number, after that wait (the consumers have read the slot's previous number), published
+            // by the q_full phase below (arrive: release; the consumers' wait: acquire).
+            if constexpr (T::kDynamic) st_shared_b32(tile_slot(k), static_cast<uint32_t>(slot_tile));
+            // A half entirely past Sq (the second of a short last query tile) is not loaded: its rows
+            // are computed from whatever the buffer holds and never stored.
+            if (n_tiles > 0 && (!T::kQHalves || q_tile * kBM + 64 * half < p.seqlen_q)) load_q(k, half);
+            else mbar_arrive(bar_q_full(pair));  // q_full phase k without Q (hand-shake only)
+          }
           // K_2 onwards waits for slots that S_0, S_1, ... of this tile free
           // (they need Q, issued just above), V_1 onwards for P V of this tile.
           for (int i = pre; i < 2 * n_tiles; ++i) load_item(g0, i, n_tiles, kv_head);
@@ -643,15 +675,15 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
           }
           // No more: a last q_full phase with a tile number past the end (the buffer's previous tile has
           // been read, as before any load into it).
-          if (k >= T::kQBuffers) mbar_wait(bar_q_empty(k), q_empty_parity(k));
+          if (k >= T::kQBuffers) mbar_wait(bar_q_empty(q_pair(k, 0)), q_empty_parity(k));
           st_shared_b32(tile_slot(k), static_cast<uint32_t>(total_tiles));
-          mbar_arrive(bar_q_full(k));
+          mbar_arrive(bar_q_full(q_pair(k, 0)));
         } else {
           walk([&](int) { produce_tile(0); });
         }
       } else if (n_tiles > 0) {
         const int kv_head = head / p.head_ratio;
-        load_q(0);
+        load_q(0, 0);
         for (int i = 0; i < 2 * n_tiles; ++i) load_item(0, i, n_tiles, kv_head);
         if (multicast) {
           // The peer's consumers arrive on this CTA's empty barriers until their last P V: stay alive
@@ -668,7 +700,12 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
 
   // -------------------------------------------------------------- consumer
   setmaxnreg_inc<T::kConsumerRegs>();
-  const int c = wg - 1;              // consumer index: rows 64c .. 64c+63 of the tile
+  // Consumer index: rows 64c .. 64c+63 of the tile. Persistent kernels broadcast it from lane 0 so that ptxas
+  // knows it is warp-uniform (it cannot tell from threadIdx.x / 128): the Q descriptors and barrier addresses
+  // derived from it then live in uniform registers, which took the "pers.rego" main loop's spills away (104
+  // bytes, 7 local loads per key tile). The one-tile kernels keep the plain index: with the broadcast, the d256
+  // B_c = 80 multicast kernel measured 2% slower at 8k keys (docs/hopper.md, session 16).
+  const int c = T::kPersistent ? __shfl_sync(0xffffffffu, wg, 0) - 1 : wg - 1;
   const int ctid = tid - 128 * wg;   // 0..127 within the warpgroup
   const int warp = ctid / 32;
   const int lane = ctid % 32;
@@ -830,6 +867,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // Only with the separate O tile: otherwise the staging is Q, which the producer needs back (q_empty)
   // as early as possible for the next tile's load.
   constexpr bool kDeferStoreWait = T::kSeparateO && FLASHOP_SM90_DEFER_STORE_WAIT;
+  // Persistent kernels whose O never touches Q (own O tile, or O stored from registers): a consumer
+  // warp releases Q (q_empty) right after the wgmma that completes its last S of the tile.
+  constexpr bool kQFreeAfterLastS = T::kSeparateO || T::kQHalves;
 
   // The 128 threads of this consumer warpgroup (kTmaStore epilogue): named
   // barrier 3 (consumer 0) or 4 (consumer 1); 4, 5, 6 with three consumers.
@@ -945,6 +985,16 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // before this tile (0 without persistence); k: the tile's number within this CTA (its Q buffer and
   // q_full phase); role: kWholeTile, or a split tile's part (kPartOut, kPartIn; see walk).
   auto run_tile = [&](auto g0, uint32_t k, int role) {
+    if constexpr (T::kPersistent) {
+      // The tile's numbers are the same in every thread, but the persistent walk computes them with integer
+      // divisions, which have no uniform-datapath form, so ptxas would keep them, and everything derived
+      // from them in the main loop (ring slots, phases, wgmma descriptors), in per-thread registers. A
+      // broadcast from lane 0 tells it they are warp-uniform.
+      g0 = __shfl_sync(0xffffffffu, g0, 0);
+      n_tiles = __shfl_sync(0xffffffffu, n_tiles, 0);
+      key_tile0 = __shfl_sync(0xffffffffu, key_tile0, 0);
+      q_tile = __shfl_sync(0xffffffffu, q_tile, 0);
+    }
     sQ = q_buffer(k);
     q_row0 = q_tile * kBM + row_in_tile;
 #pragma unroll
@@ -954,13 +1004,13 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
     l[0] = 0.f;
     l[1] = 0.f;
     // Persistent: the q_full hand-shake happens on every tile (see above).
-    if constexpr (T::kPersistent && !T::kDynamic) mbar_wait(bar_q_full(k), q_full_parity(k));
+    if constexpr (T::kPersistent && !T::kDynamic) mbar_wait(bar_q_full(q_pair(k, c)), q_full_parity(k));
 
     if (n_tiles > 0) {
       if constexpr (kTurns && !kTurnsAcrossTiles) {
         if (c == kWGs - 1) named_bar_arrive<1, kTurnThreads>();
       }
-      if constexpr (!T::kPersistent) mbar_wait(bar_q_full(k), q_full_parity(k));
+      if constexpr (!T::kPersistent) mbar_wait(bar_q_full(q_pair(k, c)), q_full_parity(k));
 
       float sacc[kBN / 2];
       uint32_t pa[kBN / 16][4];
@@ -977,8 +1027,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       wgmma_wait<0>();
       fence_regs(sacc);
       release_kv(bar_empty_k(g0 % T::kStages));
-      if constexpr (T::kSeparateO) {
-        if (n_tiles == 1) release(bar_q_empty(k));  // the tile's last read of Q
+      if constexpr (kQFreeAfterLastS) {
+        if (n_tiles == 1) release(bar_q_empty(q_pair(k, c)));  // the tile's last read of Q
       }
       mask(sacc, 0);
       softmax(sacc, corr);  // O is still 0: no rescale needed
@@ -997,8 +1047,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         wgmma_wait<1>();    // S_j done (PV may still run): K_j's slot is free
         fence_regs(sacc);
         release_kv(bar_empty_k(s));
-        if constexpr (T::kSeparateO) {
-          if (j == n_tiles - 1) release(bar_q_empty(k));  // the tile's last read of Q
+        if constexpr (kQFreeAfterLastS) {
+          if (j == n_tiles - 1) release(bar_q_empty(q_pair(k, c)));  // the tile's last read of Q
         }
         mask(sacc, j);
         softmax(sacc, corr);
@@ -1018,12 +1068,26 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       fence_regs(o);
       release_kv(bar_empty_v(sl));
     }
-    if constexpr (T::kSeparateO) {
-      if (n_tiles == 0) release(bar_q_empty(k));  // no key tile: Q was not even loaded
+    if constexpr (kQFreeAfterLastS) {
+      if (n_tiles == 0) release(bar_q_empty(q_pair(k, c)));  // no key tile: Q was not even loaded
     }
 
     // ------------------------------------------------------------ epilogue
     float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+    if constexpr (T::kSplitTail) {
+      if (is_piece_cta() && !finish_piece()) return;
+    }
+    if constexpr (T::kStreamK) {
+      if (role == kPartOut) {  // no O, no lse: the tile's other part writes them
+        store_partial();
+        // O staged in Q: this part stages nothing, and its wgmmas (Q's readers) are complete.
+        if constexpr (T::kTmaStore && !T::kSeparateO) {
+          if (ctid == 0) mbar_arrive(bar_q_empty(q_pair(k, c)));
+        }
+        return;
+      }
+      if (role == kPartIn) merge_partial();
+    }
     if constexpr (!T::kTmaStore) {
       Elem* out =
           reinterpret_cast<Elem*>(p.out) + batch * p.o_batch_stride + head * p.o_head_stride;
@@ -1044,20 +1108,6 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         }
       }
     } else {
-      if constexpr (T::kSplitTail) {
-        if (is_piece_cta() && !finish_piece()) return;
-      }
-      if constexpr (T::kStreamK) {
-        if (role == kPartOut) {  // no O, no lse: the tile's other part writes them
-          store_partial();
-          // O staged in Q: this part stages nothing, and its wgmmas (Q's readers) are complete.
-          if constexpr (!T::kSeparateO) {
-            if (ctid == 0) mbar_arrive(bar_q_empty(k));
-          }
-          return;
-        }
-        if (role == kPartIn) merge_partial();
-      }
       // Staging = rows 64c..64c+63 of every Q column block (see the traits).
       // Q smem is free for this warpgroup: its own wgmmas, the only readers of
       // these rows, are complete (wait_group 0 above; a wgmma's completion
@@ -1116,7 +1166,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
           // or after the CTA's last tile).
           if constexpr (!kDeferStoreWait) tma_store_wait_read<0>();
         }
-        if constexpr (T::kPersistent && !T::kSeparateO) mbar_arrive(bar_q_empty(k));  // tile's q_empty arrival
+        if constexpr (T::kPersistent && !T::kSeparateO) mbar_arrive(bar_q_empty(q_pair(k, c)));  // tile's q_empty arrival
       }
       // Persistent: nobody in this warpgroup writes the staging of the next
       // tile before the store above has read this one (deferred: the barrier
@@ -1136,7 +1186,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       // for its warp: it is the lane whose q_empty arrival (after the tile's last S) releases the slot
       // for the producer's next write, so that arrival orders the read before it.
       while (true) {
-        mbar_wait(bar_q_full(k), q_full_parity(k));
+        mbar_wait(bar_q_full(q_pair(k, c)), q_full_parity(k));
         const int t = static_cast<int>(__shfl_sync(0xffffffffu, lane == 0 ? ld_shared_b32(tile_slot(k)) : 0u, 0));
         if (t >= total_tiles) break;
         set_tile(t);
@@ -1164,7 +1214,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
 #endif
 }
 
-// Entry point of the plain-store configs (the kernel parameters are unchanged).
+// Entry point of the plain-store configs (one tile per CTA, or persistent "pers.rego").
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     fwd_kernel_sm90(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
