@@ -104,6 +104,12 @@
 #ifndef FLASHOP_SM90_DOUBLE_Q
 #define FLASHOP_SM90_DOUBLE_Q 1
 #endif
+// The softmax of key tile j under this warpgroup's own P V of tile j-1 (see end_block_after). Off:
+// the kernels as ptxas schedules them unaided, the softmax after that P V, which measured 2-3% faster at
+// d128 8k (the softmax's register reads beside the register-A P V; H100, session 17).
+#ifndef FLASHOP_SM90_SOFTMAX_UNDER_PV
+#define FLASHOP_SM90_SOFTMAX_UNDER_PV 0
+#endif
 // Persistent kernels in the plain tile order: the split tail (stream_k in FwdParams; 0 builds them
 // without it, and the launcher never asks for it).
 #ifndef FLASHOP_SM90_STREAM_K
@@ -727,6 +733,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // Only for B_c > 128 (176, 192), where it was measured (+1% at 2k keys, d128, B_c = 192): the 128-key
   // builds measured 3-4% slower with it (d64 1k, d128 causal 2k-4k, H100) and keep the plain P V.
   constexpr bool kNarrowLast = FLASHOP_SM90_NARROW_LAST && kBN > 128;
+  constexpr bool kSoftmaxUnderPV = FLASHOP_SM90_SOFTMAX_UNDER_PV;
   // S = Q K_j^T for this warpgroup's rows, always over the whole tile (a narrower S wgmma on the
   // last tile made ptxas serialise every wgmma of the kernel, C7511: the accumulator registers of
   // the alternative widths).
@@ -1052,6 +1059,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         }
         mask(sacc, j);
         softmax(sacc, corr);
+        // Written after the softmax, the wait lands at its top all the same (ptxas); see
+        // FLASHOP_SM90_SOFTMAX_UNDER_PV for the build that keeps it below.
+        if constexpr (kSoftmaxUnderPV) end_block_after(l[1]);
         wgmma_wait<0>();    // PV done: O and P_{j-1} free again, and V_{j-1}'s slot
         fence_regs(o);
         release_kv(bar_empty_v(sp));
