@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cuda/sm90/primitives.cuh"
+#include "cuda/sm90/softmax.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 using namespace flashop::sm90;
@@ -111,11 +112,6 @@ __global__ void __launch_bounds__(384, 1) rate_kernel(long long* cycles, float* 
   if (threadIdx.x == 128) cycles[blockIdx.x] = t1 - t0;
 }
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
 // The d128 forward's main loop without its loads, masks and epilogue: in turns, S_j = Q K^T (8 SS
 // m64 n kBN k16) and O += P_{j-1} V (kBN/16 RS m64n128k16) as two commit groups; then, as the kernel
 // does, wait for S, the online softmax of its two rows per thread (max, quad max, exp2, sum), wait for
@@ -181,43 +177,14 @@ __device__ __forceinline__ void attention_loop_body(long long* cycles, float* si
     asm volatile("bar.arrive %0, 256;" ::"r"(next_turn) : "memory");
     wgmma_wait<1>();
     fence_regs(s_acc);
-    // The online softmax as fwd_kernel.cuh's `softmax` and `rescale_o` lambdas do it (there without the
-    // -inf guards this loop does not need: every score here is finite); keep the two in step.
+    // The online softmax as the kernel runs it (softmax.cuh), without the -inf guards this loop does not
+    // need: every score here is finite.
     float corr[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = m[h];
-#pragma unroll
-      for (int i = 0; i < kBN / 8; ++i) mx = fmaxf(mx, fmaxf(s_acc[4 * i + 2 * h], s_acc[4 * i + 2 * h + 1]));
-      mx = quad_max(mx);
-      const float ref = mx * sl2;
-      corr[h] = exp2f(m[h] * sl2 - ref);
-      m[h] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int i = 0; i < kBN / 8; ++i) {
-        const float p0 = exp2f(fmaf(s_acc[4 * i + 2 * h], sl2, -ref));
-        const float p1 = exp2f(fmaf(s_acc[4 * i + 2 * h + 1], sl2, -ref));
-        s_acc[4 * i + 2 * h] = p0;
-        s_acc[4 * i + 2 * h + 1] = p1;
-        sum += p0 + p1;
-      }
-      l[h] = l[h] * corr[h] + sum;
-    }
+    online_softmax<kBN, false>(s_acc, m, l, corr, sl2);
     wgmma_wait<0>();
     fence_regs(o_acc);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      o_acc[4 * i + 0] *= corr[0];
-      o_acc[4 * i + 1] *= corr[0];
-      o_acc[4 * i + 2] *= corr[1];
-      o_acc[4 * i + 3] *= corr[1];
-    }
-#pragma unroll
-    for (int t = 0; t < kBN / 16; ++t) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) pa[t][e] = pack2<true>(s_acc[8 * t + 2 * e], s_acc[8 * t + 2 * e + 1]);
-    }
+    rescale_rows<128>(o_acc, corr);
+    p_to_a_fragments<true, kBN>(s_acc, pa);
   }
   if (c == 0) named_bar_sync<1, 256>();
   named_bar_sync<3, 256>();

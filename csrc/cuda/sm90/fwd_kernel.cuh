@@ -84,6 +84,7 @@
 
 #include "../fwd_params.h"
 #include "primitives.cuh"
+#include "softmax.cuh"
 #include "wgmma.cuh"
 
 // A/B switches (see fwd_sm90_body), on unless built with them set to 0: the narrow last key tile,
@@ -288,18 +289,6 @@ struct Sm90FwdTraits {
       kConsumerWGs == 2 ? 240 : kConsumerWGs == 3 ? 160 : kCtasPerSm == 3 ? 136 : 232;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= 65536 / kCtasPerSm, "regs");
 };
-
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-  return x;
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  x += __shfl_xor_sync(0xffffffffu, x, 2);
-  return x;
-}
 
 // S = Q K^T for one consumer warpgroup's 64 rows (issued and committed, not waited for).
 // q_rows: the warpgroup's rows of the Q tile; k_stage: the K tile (B_c rows).
@@ -774,51 +763,11 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       }
     }
   };
-  // Online softmax on S (raw-score running max; exp2 with scale*log2e folded).
-  // S becomes P in place; returns the rescale factors of the old O and l.
-  auto softmax = [&](float (&sacc)[kBN / 2], float (&corr)[2]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = m[h];
-#pragma unroll
-      for (int i = 0; i < kBN / 8; ++i)
-        mx = fmaxf(mx, fmaxf(sacc[4 * i + 2 * h], sacc[4 * i + 2 * h + 1]));
-      mx = quad_max(mx);
-      // -inf guard: a row that has only seen masked keys keeps m = -inf; its
-      // reference is 0 so that -inf - -inf never makes a NaN (P = 0, O stays 0).
-      const float ref = (mx == -INFINITY) ? 0.f : mx * sl2;
-      corr[h] = (mx == -INFINITY) ? 1.f : exp2f(m[h] * sl2 - ref);
-      m[h] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int i = 0; i < kBN / 8; ++i) {
-        const float p0 = exp2f(fmaf(sacc[4 * i + 2 * h], sl2, -ref));
-        const float p1 = exp2f(fmaf(sacc[4 * i + 2 * h + 1], sl2, -ref));
-        sacc[4 * i + 2 * h] = p0;
-        sacc[4 * i + 2 * h + 1] = p1;
-        sum += p0 + p1;
-      }
-      l[h] = l[h] * corr[h] + sum;
-    }
-  };
-  auto rescale_o = [&](const float (&corr)[2]) {
-#pragma unroll
-    for (int i = 0; i < kD / 8; ++i) {
-      o[4 * i + 0] *= corr[0];
-      o[4 * i + 1] *= corr[0];
-      o[4 * i + 2] *= corr[1];
-      o[4 * i + 3] *= corr[1];
-    }
-  };
-  // P (accumulator layout) -> A fragments: k16 step t takes n8 blocks 2t, 2t+1.
+  // Online softmax on S (softmax.cuh): S becomes P in place; corr gets the rescale factors of the old O and l.
+  auto softmax = [&](float (&sacc)[kBN / 2], float (&corr)[2]) { online_softmax<kBN>(sacc, m, l, corr, sl2); };
+  auto rescale_o = [&](const float (&corr)[2]) { rescale_rows<kD>(o, corr); };
   auto convert_p = [&](const float (&sacc)[kBN / 2], uint32_t (&pa)[kBN / 16][4]) {
-#pragma unroll
-    for (int t = 0; t < kBN / 16; ++t) {
-      pa[t][0] = pack2<T::kBf16>(sacc[8 * t + 0], sacc[8 * t + 1]);  // row r,   k 0..7
-      pa[t][1] = pack2<T::kBf16>(sacc[8 * t + 2], sacc[8 * t + 3]);  // row r+8, k 0..7
-      pa[t][2] = pack2<T::kBf16>(sacc[8 * t + 4], sacc[8 * t + 5]);  // row r,   k 8..15
-      pa[t][3] = pack2<T::kBf16>(sacc[8 * t + 6], sacc[8 * t + 7]);  // row r+8, k 8..15
-    }
+    p_to_a_fragments<T::kBf16, kBN>(sacc, pa);
   };
   // One arrival per warp once its wgmmas reading the slot (or Q) are complete.
   auto release = [&](uint32_t empty_bar) {
