@@ -256,6 +256,27 @@ def test_scores_that_grow_along_keys(name, causal, rate):
     check(name, q.to(dtype), k.to(dtype), v.to(dtype), causal, atol=3e-2 if dtype == torch.bfloat16 else 6e-3)
 
 
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("key", [10, 50])
+def test_nan_key_poisons_its_head(name, key):
+    """A NaN in one key makes every output row of its head NaN, as in the reference (the running max
+    skips NaN, so it must come through the exponential and the row sum); keys in two different n8 column
+    blocks of the score tile. The other head is unaffected."""
+    if name not in built():
+        pytest.skip(f"{name} not built")
+    dtype, D, _, _ = parse(name)
+    q, k, v = rand(1, 300, 2, D, dtype), rand(1, 300, 2, D, dtype), rand(1, 300, 2, D, dtype)
+    k[0, key, 0, 3] = float("nan")
+    out, _ = sm90.forward(q, k, v, 1.0 / math.sqrt(D), False, name)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[0, :, 0]).all(), "rows that see a NaN score must be NaN"
+    other = [t[:, :, 1:] for t in (q, k, v)]
+    ref_out, _ = reference(*other, 1.0 / math.sqrt(D), False)
+    lp_out, _ = reference(*other, 1.0 / math.sqrt(D), False, dtype=dtype)
+    bound = 2 * (lp_out.double() - ref_out).abs().max().item() + 1e-3
+    assert (out[:, :, 1:].double() - ref_out).abs().max().item() <= bound
+
+
 @pytest.mark.parametrize("name", TMA_STORE_CONFIGS + REGISTER_O_PERSISTENT_CONFIGS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(

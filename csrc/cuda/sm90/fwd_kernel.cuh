@@ -296,11 +296,12 @@ template <class T>
 __device__ __forceinline__ void issue_s_wgmma(float (&sacc)[T::kBlockN / 2], uint32_t q_rows, uint32_t k_stage) {
   fence_regs(sacc);
   wgmma_fence();
+  const uint64_t da0 = make_desc_sw128(q_rows, 16, 1024), db0 = make_desc_sw128(k_stage, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
     const int b = kk / 4, t = kk % 4;
-    const uint64_t da = make_desc_sw128(q_rows + b * T::kQBlockBytes + t * 32, 16, 1024);
-    const uint64_t db = make_desc_sw128(k_stage + b * T::kKVBlockBytes + t * 32, 16, 1024);
+    const uint64_t da = desc_advance(da0, b * T::kQBlockBytes + t * 32);
+    const uint64_t db = desc_advance(db0, b * T::kKVBlockBytes + t * 32);
     wgmma_ss<T::kBf16, T::kBlockN, 0>(sacc, da, db, kk > 0 ? 1 : 0);
   }
   wgmma_commit();
@@ -317,9 +318,10 @@ __device__ __forceinline__ void issue_pv_wgmma(float (&o)[T::kHeadDim / 2],
   static_assert(kSteps <= T::kBlockN / 16, "keys within the tile");
   fence_regs(o);
   wgmma_fence();
+  const uint64_t db0 = make_desc_sw128(v_stage, T::kKVBlockBytes, 1024);
 #pragma unroll
   for (int t = 0; t < kSteps; ++t) {
-    const uint64_t db = make_desc_sw128(v_stage + t * 2048, T::kKVBlockBytes, 1024);
+    const uint64_t db = desc_advance(db0, t * 2048);
     wgmma_rs<T::kBf16, T::kHeadDim, 1>(o, pa[t], db, 1);
   }
   wgmma_commit();

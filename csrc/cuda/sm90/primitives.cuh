@@ -206,6 +206,15 @@ __device__ __forceinline__ uint64_t make_desc_sw128(uint32_t smem_addr, uint32_t
   return d;
 }
 
+// The descriptor of the matrix `bytes` (a multiple of 16) after desc's start. The start field is the low
+// 14 bits of address >> 4 and shared-memory addresses stay below 2^18, so the sum never carries out of
+// it, and the high word (SBO, swizzle) is unchanged: one 32-bit add where make_desc_sw128 of the moved
+// address would mask, shift and merge again (the forward issues a wgmma per 16 of K, 12-20 per key tile).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 __device__ __forceinline__ void wgmma_fence() {
 #ifdef FLASHOP_SM90_ENABLED
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
