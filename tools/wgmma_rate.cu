@@ -12,7 +12,8 @@
 // clock64 (SM clocks, so the figure does not depend on the clock the power limit allows). Operands
 // are random bf16 values; the results are summed into an output so nothing is optimised away.
 // Then the d128 forward's loop with its softmax (attention_loop_body), resident (one CTA per SM) and as a
-// grid of one-query-tile CTAs with their Q load and O store.
+// grid of one-query-tile CTAs with their Q load and O store; and the resident loop with two or three consumer
+// warpgroups and P V reading P from registers or from shared memory (attention_loop_wgs).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -215,11 +216,99 @@ __device__ __forceinline__ void attention_loop_body(long long* cycles, float* si
   }
 }
 
+// The same loop with kWGs consumer warpgroups (2 or 3: query rows 64 kWGs) taking turns, and with kPSmem the
+// P V wgmma reading P from shared memory (SS) instead of registers (RS): after its softmax and its own P V's
+// completion, each warpgroup writes P (bf16) into its 64 x kBN buffer in the 128B-swizzled K-major layout
+// (4-byte st.shared, conflict-free), fences the async proxy and syncs its 128 threads. P then needs no
+// registers between the GEMMs, so three warpgroups fit at d128 (64 O + 64 S accumulators of 160 registers at
+// B_c = 128), and 1.5x the query rows share each K/V tile. Resident (one CTA per SM), no loads.
+template <int kWGs, int kBN, bool kPSmem>
+__global__ void __launch_bounds__(128 * (kWGs + 1), 1) attention_loop_wgs(long long* cycles, float* sink) {
+  static_assert(kPSmem || kWGs == 2, "three warpgroups at d128 fit only without P in registers");
+  constexpr int kRegs = kWGs == 2 ? 240 : 160;
+  constexpr int kThreads = 128 * kWGs;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = nullptr;
+  const uint32_t base = aligned_smem_base(smem_raw, smem);
+  fill_random_operands(smem);
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    setmaxnreg_dec<24>();
+    return;
+  }
+  setmaxnreg_inc<kRegs>();
+  const int c = wg - 1;
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+  const auto [desc_a, desc_b, desc_v] = operand_descs(base);
+  // P buffer of this warpgroup: kBN / 64 column blocks of 64 rows x 128 bytes, after the 40 KiB of operands.
+  const uint32_t p_base = base + 40 * 1024 + c * (kBN / 64) * 8192;
+  const uint64_t desc_p = make_desc_sw128(p_base, 16, 1024);
+  float s_acc[kBN / 2];
+  float o_acc[64] = {};
+  uint32_t pa[kPSmem ? 1 : kBN / 16][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const float sl2 = 0.1275f;
+
+  const uint32_t my_turn = 1 + c, next_turn = 1 + (c + 1) % kWGs;
+  named_bar_sync<8, kThreads>();
+  const long long t0 = clock64();
+  if (c == kWGs - 1) asm volatile("bar.arrive %0, 256;" ::"r"(1u) : "memory");
+  for (int it = 0; it < kIters; ++it) {
+    asm volatile("bar.sync %0, 256;" ::"r"(my_turn) : "memory");
+    fence_regs(s_acc);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < 8; ++k) wgmma_ss<true, kBN, 0>(s_acc, desc_a + 2 * (k % 4), desc_b + 2 * (k % 4), k > 0);
+    wgmma_commit();
+    if constexpr (kPSmem) {
+#pragma unroll
+      for (int t = 0; t < kBN / 16; ++t)
+        wgmma_ss<true, 128, 1>(o_acc, desc_p + 512 * (t / 4) + 2 * (t % 4), desc_v + 128 * (t % 4), 1);
+    } else {
+#pragma unroll
+      for (int t = 0; t < kBN / 16; ++t) wgmma_rs<true, 128, 1>(o_acc, pa[t], desc_v + 128 * (t % 4), 1);
+    }
+    wgmma_commit();
+    asm volatile("bar.arrive %0, 256;" ::"r"(next_turn) : "memory");
+    wgmma_wait<1>();
+    fence_regs(s_acc);
+    float corr[2];
+    online_softmax<kBN, false>(s_acc, m, l, corr, sl2);
+    wgmma_wait<0>();
+    fence_regs(o_acc);
+    rescale_rows<128>(o_acc, corr);
+    if constexpr (kPSmem) {
+      // n8 block i of rows r (h = 0) and r + 8 (h = 1): 16-byte chunk i % 8 of column block i / 8, swizzled by
+      // r % 8 = lane / 4; this thread's 4 bytes at (lane % 4) * 4.
+      const uint32_t row_addr = p_base + (16 * warp + lane / 4) * 128 + (lane % 4) * 4;
+#pragma unroll
+      for (int i = 0; i < kBN / 8; ++i) {
+        const uint32_t addr = row_addr + (i / 8) * 8192 + (((i % 8) ^ (lane / 4)) * 16);
+        st_shared_b32(addr, pack2<true>(s_acc[4 * i], s_acc[4 * i + 1]));
+        st_shared_b32(addr + 8 * 128, pack2<true>(s_acc[4 * i + 2], s_acc[4 * i + 3]));
+      }
+      fence_proxy_async_smem();
+      asm volatile("bar.sync %0, 128;" ::"r"(4u + c) : "memory");
+    } else {
+      p_to_a_fragments<true, kBN>(s_acc, pa);
+    }
+  }
+  if (c == 0) asm volatile("bar.sync %0, 256;" ::"r"(1u) : "memory");  // the last warpgroup's last hand-over
+  named_bar_sync<8, kThreads>();
+  const long long t1 = clock64();
+  float sum = l[0] + l[1];
+  for (float x : o_acc) sum += x;
+  atomicAdd(sink, sum);
+  if (threadIdx.x == 128) cycles[blockIdx.x] = t1 - t0;
+}
+
 template <class Kernel>
-void time_kernel(const char* label, Kernel kernel, double flop_per_sm, int sms, long long* cycles_d, float* sink_d) {
+void time_kernel(const char* label, Kernel kernel, double flop_per_sm, int sms, long long* cycles_d, float* sink_d,
+                 int threads = 384) {
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  kernel<<<sms, 384, kSmemBytes>>>(cycles_d, sink_d);  // warm-up
-  kernel<<<sms, 384, kSmemBytes>>>(cycles_d, sink_d);
+  kernel<<<sms, threads, kSmemBytes>>>(cycles_d, sink_d);  // warm-up
+  kernel<<<sms, threads, kSmemBytes>>>(cycles_d, sink_d);
   if (cudaDeviceSynchronize() != cudaSuccess) {
     std::printf("%s: %s\n", label, cudaGetErrorString(cudaGetLastError()));
     return;
@@ -252,6 +341,12 @@ template <int kBN>
 void run_attention_loop(const char* label, int sms, long long* cycles_d, float* sink_d) {
   const double flop = 2.0 * kIters * 2 * (64.0 * kBN * 128 * 2);
   time_kernel(label, attention_loop_resident<kBN>, flop, sms, cycles_d, sink_d);
+}
+
+template <int kWGs, int kBN, bool kPSmem>
+void run_attention_wgs(const char* label, int sms, long long* cycles_d, float* sink_d) {
+  const double flop = 2.0 * kIters * kWGs * (64.0 * kBN * 128 * 2);
+  time_kernel(label, attention_loop_wgs<kWGs, kBN, kPSmem>, flop, sms, cycles_d, sink_d, 128 * (kWGs + 1));
 }
 
 // The same loop as a grid of short CTAs: n_ctas query tiles of `iters` key tiles each (the 8k problem of the
@@ -326,6 +421,13 @@ int main() {
   run<192, 8, 128, 12, true>("d128 B_c 192, turns", sms, cycles_d, sink_d);
   run_attention_loop<128>("d128 B_c 128, turns + softmax", sms, cycles_d, sink_d);
   run_attention_loop<192>("d128 B_c 192, turns + softmax", sms, cycles_d, sink_d);
+  run_attention_wgs<2, 192, false>("d128 B_c 192, turns + softmax (warpgroup loop)", sms, cycles_d, sink_d);
+  run_attention_wgs<2, 128, true>("d128 B_c 128, turns + softmax, P through shared memory", sms, cycles_d, sink_d);
+  run_attention_wgs<2, 192, true>("d128 B_c 192, turns + softmax, P through shared memory", sms, cycles_d, sink_d);
+  run_attention_wgs<3, 128, true>("d128 B_r 192 (3 warpgroups), B_c 128, P through shared memory", sms, cycles_d,
+                                  sink_d);
+  run_attention_wgs<3, 64, true>("d128 B_r 192 (3 warpgroups), B_c 64, P through shared memory", sms, cycles_d,
+                                 sink_d);
   // The benchmark's 8k problem: 4 x 16 heads x 64 query tiles = 4096 CTAs (31 waves of 132 and 4 CTAs), 43
   // key tiles of 192; 4092 = 31 whole waves.
   run_attention_grid<192>("B_c 192 as 4096 CTAs of 43 key tiles (8k), operands in, O out", sms, 4096, 43, true, sink_d);
