@@ -12,9 +12,9 @@
 // clock64 (SM clocks, so the figure does not depend on the clock the power limit allows). Operands
 // are random bf16 values; the results are summed into an output so nothing is optimised away.
 // Then the d128 forward's loop with its softmax (attention_loop_body), resident (one CTA per SM) and as a
-// grid of one-query-tile CTAs with their Q load and O store; and the resident loop with two or three consumer
-// warpgroups and P V reading P from registers or from shared memory (attention_loop_wgs), and the resident
-// loop with the forward kernel's ring hand-shake, softmax guards and mask test added (attention_loop_pieces).
+// grid of one-query-tile CTAs with their Q load and O store; and the resident loop in variants
+// (attention_loop_variant): two or three consumer warpgroups, P V reading P from registers or from shared
+// memory, the forward kernel's ring hand-shake, softmax guards and mask test added one at a time.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -217,25 +217,60 @@ __device__ __forceinline__ void attention_loop_body(long long* cycles, float* si
   }
 }
 
-// The same loop with kWGs consumer warpgroups (2 or 3: query rows 64 kWGs) taking turns, and with kPSmem the
-// P V wgmma reading P from shared memory (SS) instead of registers (RS): after its softmax and its own P V's
-// completion, each warpgroup writes P (bf16) into its 64 x kBN buffer in the 128B-swizzled K-major layout
-// (4-byte st.shared, conflict-free), fences the async proxy and syncs its 128 threads. P then needs no
-// registers between the GEMMs, so three warpgroups fit at d128 (64 O + 64 S accumulators of 160 registers at
-// B_c = 128), and 1.5x the query rows share each K/V tile. Resident (one CTA per SM), no loads.
-template <int kWGs, int kBN, bool kPSmem>
-__global__ void __launch_bounds__(128 * (kWGs + 1), 1) attention_loop_wgs(long long* cycles, float* sink) {
+// The same loop, resident (one CTA per SM) and without loads, in variants:
+// * kWGs consumer warpgroups (2 or 3: query rows 64 kWGs) taking turns.
+// * kPSmem: the P V wgmma reads P from shared memory (SS) instead of registers (RS). After its softmax and its
+//   own P V's completion, each warpgroup writes P (bf16) into its 64 x kBN buffer in the 128B-swizzled K-major
+//   layout (4-byte st.shared, conflict-free), fences the async proxy and syncs its 128 threads. P then needs no
+//   registers between the GEMMs, so three warpgroups fit at d128 (64 O + 64 S accumulators of 160 registers at
+//   B_c = 128), and 1.5x the query rows share each K/V tile.
+// * kPieces: the forward kernel's other pieces (bit flags), to find what makes the kernel lose more to its
+//   softmax than this loop does:
+//   kPieceRing: a producer thread and the kernel's K/V ring hand-shake without data: two stages of full
+//     barriers (the producer arrives, as after a load) and empty barriers (one arrival per consumer warp, K's
+//     after the S wait, V's after the P V wait); consumers wait for K_j and V_j before their turn.
+//   kPieceGuards: the softmax with its -inf guards (rows that may have seen only masked keys).
+//   kPieceMask: the kernel's per-tile mask test, true on the last tile only (keys from seqlen_k on become -inf).
+constexpr int kPieceRing = 1, kPieceGuards = 2, kPieceMask = 4;
+template <int kWGs, int kBN, bool kPSmem, int kPieces>
+__global__ void __launch_bounds__(128 * (kWGs + 1), 1) attention_loop_variant(long long* cycles, float* sink,
+                                                                             int seqlen_k) {
   static_assert(kPSmem || kWGs == 2, "three warpgroups at d128 fit only without P in registers");
   constexpr int kRegs = kWGs == 2 ? 240 : 160;
   constexpr int kThreads = 128 * kWGs;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = nullptr;
   const uint32_t base = aligned_smem_base(smem_raw, smem);
+  // mbarriers after the operands and P buffers: full_k[2], full_v[2], empty_k[2], empty_v[2].
+  const uint32_t bars = base + 96 * 1024;
+  auto full_k = [&](int s) { return bars + 8 * s; };
+  auto full_v = [&](int s) { return bars + 16 + 8 * s; };
+  auto empty_k = [&](int s) { return bars + 32 + 8 * s; };
+  auto empty_v = [&](int s) { return bars + 48 + 8 * s; };
   fill_random_operands(smem);
+  if ((kPieces & kPieceRing) && threadIdx.x == 0) {
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(full_k(s), 1);
+      mbar_init(full_v(s), 1);
+      mbar_init(empty_k(s), 4 * kWGs);
+      mbar_init(empty_v(s), 4 * kWGs);
+    }
+    mbar_init_fence();
+  }
   __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     setmaxnreg_dec<24>();
+    if ((kPieces & kPieceRing) && threadIdx.x == 0) {
+      // K_g then V_g into slot g % 2, each after the slot's previous use is released.
+      for (int g = 0; g < kIters; ++g) {
+        const int s = g % 2, use = g / 2;
+        if (use > 0) mbar_wait(empty_k(s), (use - 1) & 1);
+        mbar_arrive(full_k(s));
+        if (use > 0) mbar_wait(empty_v(s), (use - 1) & 1);
+        mbar_arrive(full_v(s));
+      }
+    }
     return;
   }
   setmaxnreg_inc<kRegs>();
@@ -250,12 +285,21 @@ __global__ void __launch_bounds__(128 * (kWGs + 1), 1) attention_loop_wgs(long l
   uint32_t pa[kPSmem ? 1 : kBN / 16][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const float sl2 = 0.1275f;
+  auto release = [&](uint32_t bar) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar);
+  };
 
   const uint32_t my_turn = 1 + c, next_turn = 1 + (c + 1) % kWGs;
   named_bar_sync<8, kThreads>();
   const long long t0 = clock64();
   if (c == kWGs - 1) asm volatile("bar.arrive %0, 256;" ::"r"(1u) : "memory");
   for (int it = 0; it < kIters; ++it) {
+    const int s = it % 2;
+    if (kPieces & kPieceRing) {
+      mbar_wait(full_k(s), (it / 2) & 1);
+      mbar_wait(full_v(s), (it / 2) & 1);
+    }
     asm volatile("bar.sync %0, 256;" ::"r"(my_turn) : "memory");
     fence_regs(s_acc);
     wgmma_fence();
@@ -274,10 +318,24 @@ __global__ void __launch_bounds__(128 * (kWGs + 1), 1) attention_loop_wgs(long l
     asm volatile("bar.arrive %0, 256;" ::"r"(next_turn) : "memory");
     wgmma_wait<1>();
     fence_regs(s_acc);
+    if (kPieces & kPieceRing) release(empty_k(s));
+    if (kPieces & kPieceMask) {
+      const int key0 = it * kBN;
+      if (key0 + kBN > seqlen_k) {
+#pragma unroll
+        for (int i = 0; i < kBN / 8; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (key0 + 8 * i + 2 * (lane % 4) + (e & 1) >= seqlen_k) s_acc[4 * i + e] = -INFINITY;
+          }
+        }
+      }
+    }
     float corr[2];
-    online_softmax<kBN, false>(s_acc, m, l, corr, sl2);
+    online_softmax<kBN, (kPieces & kPieceGuards) != 0>(s_acc, m, l, corr, sl2);
     wgmma_wait<0>();
     fence_regs(o_acc);
+    if (kPieces & kPieceRing) release(empty_v(s));
     rescale_rows<128>(o_acc, corr);
     if constexpr (kPSmem) {
       // n8 block i of rows r (h = 0) and r + 8 (h = 1): 16-byte chunk i % 8 of column block i / 8, swizzled by
@@ -304,131 +362,11 @@ __global__ void __launch_bounds__(128 * (kWGs + 1), 1) attention_loop_wgs(long l
   if (threadIdx.x == 128) cycles[blockIdx.x] = t1 - t0;
 }
 
-// The resident d128 loop (as attention_loop_body) with the forward kernel's other pieces added one at a time
-// (bit flags), to find what makes the kernel lose more to its softmax than this loop does:
-//   kPieceRing: a producer thread and the kernel's K/V ring hand-shake without data: two stages of full
-//     barriers (the producer arrives, as after a load) and empty barriers (one arrival per consumer warp, K's
-//     after the S wait, V's after the P V wait); consumers wait for K_j and V_{j-1} before their turn.
-//   kPieceGuards: the softmax with its -inf guards (rows that may have seen only masked keys).
-//   kPieceMask: the kernel's per-tile mask test, true on the last tile only (keys past a length given at run
-//     time become -inf there).
-constexpr int kPieceRing = 1, kPieceGuards = 2, kPieceMask = 4;
-template <int kBN, int kPieces>
-__device__ __forceinline__ void attention_loop_pieces(long long* cycles, float* sink, int seqlen_k) {
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = nullptr;
-  const uint32_t base = aligned_smem_base(smem_raw, smem);
-  // mbarriers after the operands: full_k[2], full_v[2], empty_k[2], empty_v[2].
-  const uint32_t bars = base + 96 * 1024;
-  auto full_k = [&](int s) { return bars + 8 * s; };
-  auto full_v = [&](int s) { return bars + 16 + 8 * s; };
-  auto empty_k = [&](int s) { return bars + 32 + 8 * s; };
-  auto empty_v = [&](int s) { return bars + 48 + 8 * s; };
-  fill_random_operands(smem);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 2; ++s) {
-      mbar_init(full_k(s), 1);
-      mbar_init(full_v(s), 1);
-      mbar_init(empty_k(s), 8);
-      mbar_init(empty_v(s), 8);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
-  const int wg = threadIdx.x / 128;
-  if (wg == 0) {
-    setmaxnreg_dec<24>();
-    if (kPieces & kPieceRing) {
-      if (threadIdx.x == 0) {  // K_g then V_g into slot g % 2, each after the slot's previous use is released
-        for (int g = 0; g < kIters; ++g) {
-          const int s = g % 2, use = g / 2;
-          if (use > 0) mbar_wait(empty_k(s), (use - 1) & 1);
-          mbar_arrive(full_k(s));
-          if (use > 0) mbar_wait(empty_v(s), (use - 1) & 1);
-          mbar_arrive(full_v(s));
-        }
-      }
-    }
-    return;
-  }
-  setmaxnreg_inc<240>();
-  const int c = wg - 1;
-  const int lane = threadIdx.x % 32;
-  const auto [desc_a, desc_b, desc_v] = operand_descs(base);
-  float s_acc[kBN / 2];
-  float o_acc[64] = {};
-  uint32_t pa[kBN / 16][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const float sl2 = 0.1275f;
-  auto release = [&](uint32_t bar) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar);
-  };
-
-  const uint32_t my_turn = 1 + c, next_turn = 2 - c;
-  named_bar_sync<3, 256>();
-  const long long t0 = clock64();
-  if (c == 1) named_bar_arrive<1, 256>();
-  for (int it = 0; it < kIters; ++it) {
-    const int s = it % 2;
-    if (kPieces & kPieceRing) {
-      mbar_wait(full_k(s), (it / 2) & 1);
-      mbar_wait(full_v(s), (it / 2) & 1);
-    }
-    asm volatile("bar.sync %0, 256;" ::"r"(my_turn) : "memory");
-    fence_regs(s_acc);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < 8; ++k) wgmma_ss<true, kBN, 0>(s_acc, desc_a + 2 * (k % 4), desc_b + 2 * (k % 4), k > 0);
-    wgmma_commit();
-#pragma unroll
-    for (int t = 0; t < kBN / 16; ++t) wgmma_rs<true, 128, 1>(o_acc, pa[t], desc_v + 128 * (t % 4), 1);
-    wgmma_commit();
-    asm volatile("bar.arrive %0, 256;" ::"r"(next_turn) : "memory");
-    wgmma_wait<1>();
-    fence_regs(s_acc);
-    if (kPieces & kPieceRing) release(empty_k(s));
-    if (kPieces & kPieceMask) {
-      const int key0 = it * kBN;
-      if (key0 + kBN > seqlen_k) {
-#pragma unroll
-        for (int i = 0; i < kBN / 8; ++i) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if (key0 + 8 * i + 2 * (lane % 4) + (e & 1) >= seqlen_k) s_acc[4 * i + e] = -INFINITY;
-          }
-        }
-      }
-    }
-    float corr[2];
-    online_softmax<kBN, (kPieces & kPieceGuards) != 0>(s_acc, m, l, corr, sl2);
-    wgmma_wait<0>();
-    fence_regs(o_acc);
-    if (kPieces & kPieceRing) release(empty_v(s));
-    rescale_rows<128>(o_acc, corr);
-    p_to_a_fragments<true, kBN>(s_acc, pa);
-  }
-  if (c == 0) named_bar_sync<1, 256>();
-  named_bar_sync<3, 256>();
-  const long long t1 = clock64();
-  float sum = l[0] + l[1];
-  for (float x : o_acc) sum += x;
-  atomicAdd(sink, sum);
-  if (threadIdx.x == 128) cycles[blockIdx.x] = t1 - t0;
-}
-
-template <int kPieces>
-__global__ void __launch_bounds__(384, 1) attention_loop_pieces_192(long long* cycles, float* sink) {
-  // The mask's length: the last key tile holds 64 keys (as 8k keys in 192-key tiles ends with 128).
-  attention_loop_pieces<192, kPieces>(cycles, sink, kIters * 192 - 128);
-}
-
-template <class Kernel>
-void time_kernel(const char* label, Kernel kernel, double flop_per_sm, int sms, long long* cycles_d, float* sink_d,
-                 int threads = 384) {
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  kernel<<<sms, threads, kSmemBytes>>>(cycles_d, sink_d);  // warm-up
-  kernel<<<sms, threads, kSmemBytes>>>(cycles_d, sink_d);
+// launch(cycles, sink) runs one CTA per SM; the median SM's cycles of the second launch give the share.
+template <class Launch>
+void time_launch(const char* label, Launch launch, double flop_per_sm, int sms, long long* cycles_d, float* sink_d) {
+  launch(cycles_d, sink_d);  // warm-up
+  launch(cycles_d, sink_d);
   if (cudaDeviceSynchronize() != cudaSuccess) {
     std::printf("%s: %s\n", label, cudaGetErrorString(cudaGetLastError()));
     return;
@@ -438,6 +376,14 @@ void time_kernel(const char* label, Kernel kernel, double flop_per_sm, int sms, 
   std::sort(cycles.begin(), cycles.end());
   const double share = flop_per_sm / (cycles[sms / 2] * 4096.0);  // per SM per clock against 4096 FLOP
   std::printf("| %s | %.1f%% | %.1f |\n", label, 100.0 * share, share * sms * 4096.0 / 1e3);
+}
+
+template <class Kernel>
+void time_kernel(const char* label, Kernel kernel, double flop_per_sm, int sms, long long* cycles_d, float* sink_d) {
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  time_launch(
+      label, [&](long long* cycles, float* sink) { kernel<<<sms, 384, kSmemBytes>>>(cycles, sink); }, flop_per_sm,
+      sms, cycles_d, sink_d);
 }
 
 template <int kSN, int kSSteps, int kPVN, int kPVSteps, bool kPingPong>
@@ -463,16 +409,17 @@ void run_attention_loop(const char* label, int sms, long long* cycles_d, float* 
   time_kernel(label, attention_loop_resident<kBN>, flop, sms, cycles_d, sink_d);
 }
 
-template <int kWGs, int kBN, bool kPSmem>
-void run_attention_wgs(const char* label, int sms, long long* cycles_d, float* sink_d) {
+// The variant loop; with kPieceMask its last key tile holds 64 keys (as 8k keys in 192-key tiles end in 128).
+template <int kWGs, int kBN, bool kPSmem, int kPieces = 0>
+void run_attention_variant(const char* label, int sms, long long* cycles_d, float* sink_d) {
+  auto kernel = attention_loop_variant<kWGs, kBN, kPSmem, kPieces>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   const double flop = 2.0 * kIters * kWGs * (64.0 * kBN * 128 * 2);
-  time_kernel(label, attention_loop_wgs<kWGs, kBN, kPSmem>, flop, sms, cycles_d, sink_d, 128 * (kWGs + 1));
-}
-
-template <int kPieces>
-void run_attention_pieces(const char* label, int sms, long long* cycles_d, float* sink_d) {
-  const double flop = 2.0 * kIters * 2 * (64.0 * 192 * 128 * 2);
-  time_kernel(label, attention_loop_pieces_192<kPieces>, flop, sms, cycles_d, sink_d);
+  time_launch(
+      label, [&](long long* cycles, float* sink) {
+        kernel<<<sms, 128 * (kWGs + 1), kSmemBytes>>>(cycles, sink, kIters * kBN - 128);
+      },
+      flop, sms, cycles_d, sink_d);
 }
 
 // The same loop as a grid of short CTAs: n_ctas query tiles of `iters` key tiles each (the 8k problem of the
@@ -547,18 +494,18 @@ int main() {
   run<192, 8, 128, 12, true>("d128 B_c 192, turns", sms, cycles_d, sink_d);
   run_attention_loop<128>("d128 B_c 128, turns + softmax", sms, cycles_d, sink_d);
   run_attention_loop<192>("d128 B_c 192, turns + softmax", sms, cycles_d, sink_d);
-  run_attention_pieces<0>("d128 B_c 192, turns + softmax (pieces loop)", sms, cycles_d, sink_d);
-  run_attention_pieces<kPieceRing>("  + the K/V ring's barriers, no data", sms, cycles_d, sink_d);
-  run_attention_pieces<kPieceGuards>("  + the softmax's -inf guards", sms, cycles_d, sink_d);
-  run_attention_pieces<kPieceMask>("  + the per-tile mask test", sms, cycles_d, sink_d);
-  run_attention_pieces<kPieceRing | kPieceGuards | kPieceMask>("  + all three", sms, cycles_d, sink_d);
-  run_attention_wgs<2, 192, false>("d128 B_c 192, turns + softmax (warpgroup loop)", sms, cycles_d, sink_d);
-  run_attention_wgs<2, 128, true>("d128 B_c 128, turns + softmax, P through shared memory", sms, cycles_d, sink_d);
-  run_attention_wgs<2, 192, true>("d128 B_c 192, turns + softmax, P through shared memory", sms, cycles_d, sink_d);
-  run_attention_wgs<3, 128, true>("d128 B_r 192 (3 warpgroups), B_c 128, P through shared memory", sms, cycles_d,
-                                  sink_d);
-  run_attention_wgs<3, 64, true>("d128 B_r 192 (3 warpgroups), B_c 64, P through shared memory", sms, cycles_d,
-                                 sink_d);
+  run_attention_variant<2, 192, false>("d128 B_c 192, turns + softmax (variant loop)", sms, cycles_d, sink_d);
+  run_attention_variant<2, 192, false, kPieceRing>("  + the K/V ring's barriers, no data", sms, cycles_d, sink_d);
+  run_attention_variant<2, 192, false, kPieceGuards>("  + the softmax's -inf guards", sms, cycles_d, sink_d);
+  run_attention_variant<2, 192, false, kPieceMask>("  + the per-tile mask test", sms, cycles_d, sink_d);
+  run_attention_variant<2, 192, false, kPieceRing | kPieceGuards | kPieceMask>("  + all three", sms, cycles_d,
+                                                                              sink_d);
+  run_attention_variant<2, 128, true>("d128 B_c 128, turns + softmax, P through shared memory", sms, cycles_d, sink_d);
+  run_attention_variant<2, 192, true>("d128 B_c 192, turns + softmax, P through shared memory", sms, cycles_d, sink_d);
+  run_attention_variant<3, 128, true>("d128 B_r 192 (3 warpgroups), B_c 128, P through shared memory", sms, cycles_d,
+                                      sink_d);
+  run_attention_variant<3, 64, true>("d128 B_r 192 (3 warpgroups), B_c 64, P through shared memory", sms, cycles_d,
+                                     sink_d);
   // The benchmark's 8k problem: 4 x 16 heads x 64 query tiles = 4096 CTAs (31 waves of 132 and 4 CTAs), 43
   // key tiles of 192; 4092 = 31 whole waves.
   run_attention_grid<192>("B_c 192 as 4096 CTAs of 43 key tiles (8k), operands in, O out", sms, 4096, 43, true, sink_d);
