@@ -231,7 +231,13 @@ __device__ __forceinline__ void attention_loop_body(long long* cycles, float* si
 //     after the S wait, V's after the P V wait); consumers wait for K_j and V_j before their turn.
 //   kPieceGuards: the softmax with its -inf guards (rows that may have seen only masked keys).
 //   kPieceMask: the kernel's per-tile mask test, true on the last tile only (keys from seqlen_k on become -inf).
+//   Rearrangements of those pieces (candidate fixes for the kernel):
+//   kPieceEarlyTest: the ring's K/V for the next turn tested (mbarrier.test_wait) right after the S wait; the
+//     blocking waits before the turn run only when the test said no.
+//   kPieceLateRelease: K's slot released together with V's, after the P V wait (one release point per turn).
+//   kPieceMaskHoist: the mask test's condition computed before the S wait.
 constexpr int kPieceRing = 1, kPieceGuards = 2, kPieceMask = 4;
+constexpr int kPieceEarlyTest = 8, kPieceLateRelease = 16, kPieceMaskHoist = 32;
 template <int kWGs, int kBN, bool kPSmem, int kPieces>
 __global__ void __launch_bounds__(128 * (kWGs + 1), 1) attention_loop_variant(long long* cycles, float* sink,
                                                                              int seqlen_k) {
@@ -294,9 +300,10 @@ __global__ void __launch_bounds__(128 * (kWGs + 1), 1) attention_loop_variant(lo
   named_bar_sync<8, kThreads>();
   const long long t0 = clock64();
   if (c == kWGs - 1) asm volatile("bar.arrive %0, 256;" ::"r"(1u) : "memory");
+  bool next_ready = false;  // kPieceEarlyTest: this turn's K/V tested ready during the previous softmax
   for (int it = 0; it < kIters; ++it) {
     const int s = it % 2;
-    if (kPieces & kPieceRing) {
+    if ((kPieces & kPieceRing) && !next_ready) {
       mbar_wait(full_k(s), (it / 2) & 1);
       mbar_wait(full_v(s), (it / 2) & 1);
     }
@@ -316,12 +323,19 @@ __global__ void __launch_bounds__(128 * (kWGs + 1), 1) attention_loop_variant(lo
     }
     wgmma_commit();
     asm volatile("bar.arrive %0, 256;" ::"r"(next_turn) : "memory");
+    const bool need_mask = (kPieces & kPieceMaskHoist) && (it + 1) * kBN > seqlen_k;
+    if (kPieces & kPieceMaskHoist) asm volatile("" ::"r"(static_cast<int>(need_mask)));  // computed here
     wgmma_wait<1>();
     fence_regs(s_acc);
-    if (kPieces & kPieceRing) release(empty_k(s));
+    if ((kPieces & kPieceRing) && !(kPieces & kPieceLateRelease)) release(empty_k(s));
+    if (kPieces & kPieceEarlyTest) {
+      const int sn = (it + 1) % 2, ph = ((it + 1) / 2) & 1;
+      next_ready = mbar_test_wait(full_k(sn), ph);
+      next_ready = mbar_test_wait(full_v(sn), ph) && next_ready;
+    }
     if (kPieces & kPieceMask) {
       const int key0 = it * kBN;
-      if (key0 + kBN > seqlen_k) {
+      if ((kPieces & kPieceMaskHoist) ? need_mask : key0 + kBN > seqlen_k) {
 #pragma unroll
         for (int i = 0; i < kBN / 8; ++i) {
 #pragma unroll
@@ -335,7 +349,15 @@ __global__ void __launch_bounds__(128 * (kWGs + 1), 1) attention_loop_variant(lo
     online_softmax<kBN, (kPieces & kPieceGuards) != 0>(s_acc, m, l, corr, sl2);
     wgmma_wait<0>();
     fence_regs(o_acc);
-    if (kPieces & kPieceRing) release(empty_v(s));
+    if ((kPieces & kPieceRing) && (kPieces & kPieceLateRelease)) {
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(empty_k(s));
+        mbar_arrive(empty_v(s));
+      }
+    } else if (kPieces & kPieceRing) {
+      release(empty_v(s));
+    }
     rescale_rows<128>(o_acc, corr);
     if constexpr (kPSmem) {
       // n8 block i of rows r (h = 0) and r + 8 (h = 1): 16-byte chunk i % 8 of column block i / 8, swizzled by
@@ -500,6 +522,16 @@ int main() {
   run_attention_variant<2, 192, false, kPieceMask>("  + the per-tile mask test", sms, cycles_d, sink_d);
   run_attention_variant<2, 192, false, kPieceRing | kPieceGuards | kPieceMask>("  + all three", sms, cycles_d,
                                                                               sink_d);
+  run_attention_variant<2, 192, false, kPieceRing | kPieceEarlyTest>("  + ring, next K/V tested early", sms,
+                                                                     cycles_d, sink_d);
+  run_attention_variant<2, 192, false, kPieceRing | kPieceLateRelease>("  + ring, one release point", sms,
+                                                                       cycles_d, sink_d);
+  run_attention_variant<2, 192, false, kPieceRing | kPieceEarlyTest | kPieceLateRelease>(
+      "  + ring, tested early, one release point", sms, cycles_d, sink_d);
+  run_attention_variant<2, 192, false, kPieceMask | kPieceMaskHoist>("  + mask test, hoisted", sms, cycles_d,
+                                                                     sink_d);
+  run_attention_variant<2, 192, false, kPieceRing | kPieceGuards | kPieceMask | kPieceEarlyTest | kPieceMaskHoist>(
+      "  + all three, tested early, mask hoisted", sms, cycles_d, sink_d);
   run_attention_variant<2, 128, true>("d128 B_c 128, turns + softmax, P through shared memory", sms, cycles_d, sink_d);
   run_attention_variant<2, 192, true>("d128 B_c 192, turns + softmax, P through shared memory", sms, cycles_d, sink_d);
   run_attention_variant<3, 128, true>("d128 B_r 192 (3 warpgroups), B_c 128, P through shared memory", sms, cycles_d,

@@ -111,6 +111,11 @@
 #ifndef FLASHOP_SM90_SOFTMAX_UNDER_PV
 #define FLASHOP_SM90_SOFTMAX_UNDER_PV 0
 #endif
+// Two consumer warpgroups: the next turn's K and V tested (mbarrier.test_wait) under the softmax, the
+// blocking waits only when they were not loaded yet (see the main loop; 0: always the blocking waits).
+#ifndef FLASHOP_SM90_EARLY_READY
+#define FLASHOP_SM90_EARLY_READY 1
+#endif
 // Persistent kernels in the plain tile order: the split tail (stream_k in FwdParams; 0 builds them
 // without it, and the launcher never asks for it).
 #ifndef FLASHOP_SM90_STREAM_K
@@ -992,12 +997,22 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       softmax(sacc, corr);  // O is still 0: no rescale needed
       convert_p(sacc, pa);
 
+      // Two consumer warpgroups: each one's softmax must end within the other's GEMMs, and the blocking
+      // waits for K_j and V_{j-1} before its turn add their latency to that path. So K_{j+1} and V_j are
+      // tested (without blocking) right after S_j, the result hidden under the softmax, and the blocking
+      // waits run only if they were not there yet. Measured (H100, session 20): d128 +2% (2k and 8k keys,
+      // causal or not); d256 (B_c = 80) -1% and d64 with three warpgroups (which have the slack) -2 to -3%,
+      // so those keep the blocking waits.
+      constexpr bool kEarlyReady = FLASHOP_SM90_EARLY_READY && kTurns && kWGs == 2 && kD <= 128;
+      bool turn_ready = false;  // kEarlyReady: this turn's K and V found loaded during the last softmax
       for (int j = 1; j < n_tiles; ++j) {
         const auto g = g0 + j;  // K_j's load number; V_{j-1}'s is g - 1
         const int s = g % T::kStages;
         const int sp = (g - 1) % T::kStages;
-        mbar_wait(bar_full_k(s), (g / T::kStages) & 1);
-        mbar_wait(bar_full_v(sp), ((g - 1) / T::kStages) & 1);
+        if (!turn_ready) {
+          mbar_wait(bar_full_k(s), (g / T::kStages) & 1);
+          mbar_wait(bar_full_v(sp), ((g - 1) / T::kStages) & 1);
+        }
         wait_turn();
         issue_s(sacc, s);        // S_j = Q K_j^T
         issue_pv(pa, sp, kBN);   // O += P_{j-1} V_{j-1}
@@ -1007,6 +1022,11 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         release_kv(bar_empty_k(s));
         if constexpr (kQFreeAfterLastS) {
           if (j == n_tiles - 1) release(bar_q_empty(q_pair(k, c)));  // the tile's last read of Q
+        }
+        if constexpr (kEarlyReady) {  // the next turn's K_{j+1} and V_j (unused after the last tile)
+          const auto gn = g + 1;
+          turn_ready = mbar_test_wait(bar_full_k(gn % T::kStages), (gn / T::kStages) & 1);
+          turn_ready = mbar_test_wait(bar_full_v(s), (g / T::kStages) & 1) && turn_ready;
         }
         mask(sacc, j);
         softmax(sacc, corr);

@@ -77,6 +77,24 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {
 #endif
 }
 
+// Whether the phase with parity `phase` has completed, without blocking (mbarrier.test_wait): issued
+// early, its latency hides under other work, and the blocking wait runs only when it said no.
+__device__ __forceinline__ bool mbar_test_wait(uint32_t bar, uint32_t phase) {
+#ifdef FLASHOP_SM90_ENABLED
+  uint32_t done = 0;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(phase)
+      : "memory");
+  return done != 0;
+#else
+  return true;
+#endif
+}
+
 // ---------------------------------------------------------------- TMA
 __device__ __forceinline__ void tma_prefetch_desc(const void* tmap) {
 #ifdef FLASHOP_SM90_ENABLED
