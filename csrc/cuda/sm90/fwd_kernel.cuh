@@ -1000,9 +1000,9 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       // Two consumer warpgroups: each one's softmax must end within the other's GEMMs, and the blocking
       // waits for K_j and V_{j-1} before its turn add their latency to that path. So K_{j+1} and V_j are
       // tested (without blocking) right after S_j, the result hidden under the softmax, and the blocking
-      // waits run only if they were not there yet. Measured (H100, session 20): d128 +2% (2k and 8k keys,
-      // causal or not); d256 (B_c = 80) -1% and d64 with three warpgroups (which have the slack) -2 to -3%,
-      // so those keep the blocking waits.
+      // waits run only if they were not there yet. Measured (H100, session 20): d128 +1-2% at 2k and 8k
+      // keys (causal 2k level); d256 (B_c = 80) -1% and d64 with three warpgroups (which have the slack)
+      // -2 to -4%, so those keep the blocking waits.
       constexpr bool kEarlyReady = FLASHOP_SM90_EARLY_READY && kTurns && kWGs == 2 && kD <= 128;
       bool turn_ready = false;  // kEarlyReady: this turn's K and V found loaded during the last softmax
       for (int j = 1; j < n_tiles; ++j) {
