@@ -114,6 +114,16 @@ __global__ void __launch_bounds__(384, 1) rate_kernel(long long* cycles, float* 
   if (threadIdx.x == 128) cycles[blockIdx.x] = t1 - t0;
 }
 
+// S = Q K^T of one warpgroup turn at d128: 8 SS wgmmas (m64 n kBN k16) as one commit group.
+template <int kBN>
+__device__ __forceinline__ void issue_s_group(float (&s_acc)[kBN / 2], uint64_t desc_a, uint64_t desc_b) {
+  fence_regs(s_acc);
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < 8; ++k) wgmma_ss<true, kBN, 0>(s_acc, desc_a + 2 * (k % 4), desc_b + 2 * (k % 4), k > 0);
+  wgmma_commit();
+}
+
 // The d128 forward's main loop without its loads, masks and epilogue: in turns, S_j = Q K^T (8 SS
 // m64 n kBN k16) and O += P_{j-1} V (kBN/16 RS m64n128k16) as two commit groups; then, as the kernel
 // does, wait for S, the online softmax of its two rows per thread (max, quad max, exp2, sum), wait for
@@ -168,11 +178,7 @@ __device__ __forceinline__ void attention_loop_body(long long* cycles, float* si
       asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(next), "r"(40 * 1024) : "memory");
     }
     asm volatile("bar.sync %0, 256;" ::"r"(my_turn) : "memory");
-    fence_regs(s_acc);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < 8; ++k) wgmma_ss<true, kBN, 0>(s_acc, desc_a + 2 * (k % 4), desc_b + 2 * (k % 4), k > 0);
-    wgmma_commit();
+    issue_s_group<kBN>(s_acc, desc_a, desc_b);
 #pragma unroll
     for (int t = 0; t < kBN / 16; ++t) wgmma_rs<true, 128, 1>(o_acc, pa[t], desc_v + 128 * (t % 4), 1);
     wgmma_commit();
@@ -308,11 +314,7 @@ __global__ void __launch_bounds__(128 * (kWGs + 1), 1) attention_loop_variant(lo
       mbar_wait(full_v(s), (it / 2) & 1);
     }
     asm volatile("bar.sync %0, 256;" ::"r"(my_turn) : "memory");
-    fence_regs(s_acc);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < 8; ++k) wgmma_ss<true, kBN, 0>(s_acc, desc_a + 2 * (k % 4), desc_b + 2 * (k % 4), k > 0);
-    wgmma_commit();
+    issue_s_group<kBN>(s_acc, desc_a, desc_b);
     if constexpr (kPSmem) {
 #pragma unroll
       for (int t = 0; t < kBN / 16; ++t)
