@@ -15,7 +15,8 @@
 # abbuild: a kernel experiment across two builds of the Hopper module: the current build (A) against a
 #   rebuild with FLASHOP_SM90_NVCC_FLAGS=$ABB_FLAGS (B); ABB_TEST (pytest -k expression) tests B first;
 #   then the benchmark (AB_ARGS) runs ABB_ROUNDS times per side, sides alternating; ABB_POWER=1 adds the
-#   power probe (POWER_ARGS) once per side. B stays installed.
+#   power probe (POWER_ARGS) once per side. ABB_FLAGS_C adds a third side C, built, tested and timed the
+#   same way. The last side built stays installed.
 # envab: the benchmark (AB_ARGS) with and without the environment setting ENVAB (e.g.
 #   "FLASHOP_SM90_SPLIT_LAST_WAVE=0"), sides alternating, ABB_ROUNDS times each: A default, B with it.
 # waves: how many CTAs and clusters run at once (tools/cluster_occupancy.cu), then tools/wave_probe.py
@@ -123,28 +124,34 @@ if has ab; then
   fi
 fi
 if has abbuild; then
-  step "a/b across builds: B = FLASHOP_SM90_NVCC_FLAGS='${ABB_FLAGS:?ABB_FLAGS names the experiment flags}'"
+  # Side B: ABB_FLAGS; side C (optional): ABB_FLAGS_C. Each side is built over the current module, tested
+  # (ABB_TEST) and then timed against A in alternating processes.
+  step "a/b across builds: B = FLASHOP_SM90_NVCC_FLAGS='${ABB_FLAGS:?ABB_FLAGS names the experiment flags}'${ABB_FLAGS_C:+, C = '$ABB_FLAGS_C'}"
   so=$(ls flashop/_C_sm90*.so) && mkdir -p /tmp/abb && cp "$so" /tmp/abb/A.so
-  FLASHOP_SM90_ONLY=1 FLASHOP_SM90_NVCC_FLAGS="$ABB_FLAGS" MAX_JOBS=$(nproc) python3 setup.py build_ext --inplace \
-    > "$OUT/build_b.log" 2>&1 \
-    || { tail -50 "$OUT/build_b.log"; exit 1; }
-  grep -E "Compiling entry|registers|spill" "$OUT/build_b.log" | sed 's/^ptxas info *: //' > "$OUT/ptxas_b.txt" || true
-  cp "$so" /tmp/abb/B.so
-  if [ -n "${ABB_TEST:-}" ]; then  # a failing (or hanging: TEST_TIMEOUT seconds) B is not timed
-    timeout "${TEST_TIMEOUT:-900}" python3 -m pytest -q -x tests -k "$ABB_TEST" > "$OUT/test_b.log" 2>&1
-    rc=$?
-    tail -3 "$OUT/test_b.log"
-    [ $rc -eq 0 ] || { echo "B tests failed (rc=$rc)"; exit 1; }
-  fi
+  sides="A B"
+  for side in B C; do
+    if [ "$side" = B ]; then flags=$ABB_FLAGS; else flags=${ABB_FLAGS_C:-}; [ -n "$flags" ] || continue; sides="A B C"; fi
+    FLASHOP_SM90_ONLY=1 FLASHOP_SM90_NVCC_FLAGS="$flags" MAX_JOBS=$(nproc) python3 setup.py build_ext --inplace \
+      > "$OUT/build_$side.log" 2>&1 \
+      || { tail -50 "$OUT/build_$side.log"; exit 1; }
+    grep -E "Compiling entry|registers|spill" "$OUT/build_$side.log" | sed 's/^ptxas info *: //' > "$OUT/ptxas_$side.txt" || true
+    cp "$so" "/tmp/abb/$side.so"
+    if [ -n "${ABB_TEST:-}" ]; then  # a failing (or hanging: TEST_TIMEOUT seconds) side is not timed
+      timeout "${TEST_TIMEOUT:-900}" python3 -m pytest -q -x tests -k "$ABB_TEST" > "$OUT/test_$side.log" 2>&1
+      rc=$?
+      tail -3 "$OUT/test_$side.log"
+      [ $rc -eq 0 ] || { echo "$side tests failed (rc=$rc)"; exit 1; }
+    fi
+  done
   for round in $(seq "${ABB_ROUNDS:-2}"); do
-    for side in A B; do
+    for side in $sides; do
       cp "/tmp/abb/$side.so" "$so"
       python3 -m flashop.bench --device cuda --modes fwd ${AB_ARGS:-} 2>&1 | grep "^| [bf]" \
         | sed "s/^/$side$round /" | tee -a "$OUT/abb.log"
     done
   done
   if [ "${ABB_POWER:-0}" != 0 ]; then  # clock and power of each side under load (tools/power_probe.py, POWER_ARGS)
-    for side in A B; do
+    for side in $sides; do
       cp "/tmp/abb/$side.so" "$so"
       echo "side $side" >> "$OUT/abb_power.log"
       python3 tools/power_probe.py ${POWER_ARGS:-} 2>&1 | tee -a "$OUT/abb_power.log"
