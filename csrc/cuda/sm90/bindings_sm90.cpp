@@ -123,11 +123,14 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Ten
   // The persistent kernels' split tail, the one-tile-per-CTA kernels' split last wave and "pers.dyn" need a
   // scratch buffer (from the caching allocator: stream-ordered, so freeing it here while the kernel runs is
   // safe).
-  const std::size_t workspace_bytes = kernel->workspace_bytes(p);
+  Sm90FwdPlan plan;
+  err = kernel->plan(p, &plan);
+  TORCH_CHECK(err == cudaSuccess, "flashop.forward: planning kernel '", kernel->name,
+              "' failed: ", cudaGetErrorString(err));
   at::Tensor workspace;
-  if (workspace_bytes > 0)
-    workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, q.options().dtype(at::kByte));
-  err = kernel->launch(p, workspace_bytes > 0 ? workspace.data_ptr() : nullptr, stream);
+  if (plan.workspace_bytes > 0)
+    workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, q.options().dtype(at::kByte));
+  err = kernel->launch(p, plan, plan.workspace_bytes > 0 ? workspace.data_ptr() : nullptr, stream);
   TORCH_CHECK(err == cudaSuccess, "flashop.forward: launching kernel '", kernel->name,
               "' failed: ", cudaGetErrorString(err));
   return {out, lse};
@@ -164,7 +167,10 @@ int64_t config_workspace(const std::string& name, int64_t batch, int64_t seqlen_
   p.heads_q = static_cast<int>(heads_q);
   p.headdim = k->headdim;
   p.causal = causal;
-  return static_cast<int64_t>(k->workspace_bytes(p));
+  Sm90FwdPlan plan;
+  const cudaError_t err = k->plan(p, &plan);
+  TORCH_CHECK(err == cudaSuccess, "config_workspace: planning '", name, "' failed: ", cudaGetErrorString(err));
+  return static_cast<int64_t>(plan.workspace_bytes);
 }
 
 const Sm90BwdKernel* find_bwd_kernel(const std::string& name) {

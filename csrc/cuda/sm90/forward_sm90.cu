@@ -126,40 +126,71 @@ cudaError_t split_tail_plan(const FwdParams& p, SplitTailPlan* plan) {
   return cudaSuccess;
 }
 
+// The launch's grid and schedule (registry_sm90.cuh): one CTA per tile (the split last wave: per whole
+// tile, then per piece), or one per SM (persistent, with the split tail where it pays).
 template <class T>
-std::size_t split_tail_workspace_bytes(const SplitTailPlan& plan) {
-  // Partial results per piece, then one arrival counter per (split tile, consumer warpgroup).
-  return static_cast<std::size_t>(plan.split_tiles) *
-         (static_cast<std::size_t>(plan.pieces) * T::kPartialFloat4s * 16 + T::kConsumerWGs * 4);
-}
-
-template <class T>
-std::size_t fwd_workspace_bytes(const FwdParams& p) {
-  if constexpr (T::kDynamic) {
-    return 16;  // the counter of tiles taken
-  } else if constexpr (T::kSplitTail) {
-    SplitTailPlan plan;
-    if (split_tail_plan<T>(p, &plan) != cudaSuccess || !plan.on) return 0;
-    return split_tail_workspace_bytes<T>(plan);
-  } else if constexpr (!T::kStreamK) {
-    return 0;
-  } else {
-    int64_t tiles = 0;
-    int grid = 0;
-    if (persistent_grid<T>(p, &tiles, &grid) != cudaSuccess || !stream_k_plan<T>(p, tiles, grid).on) return 0;
-    return static_cast<std::size_t>(grid) * (T::kPartialFloat4s * 16 + T::kConsumerWGs * 4);
-  }
-}
-
-template <class T>
-cudaError_t launch_fwd(const FwdParams& params, void* workspace, cudaStream_t stream) {
-  FwdParams p = params;
+cudaError_t plan_fwd(const FwdParams& p, Sm90FwdPlan* plan) {
+  *plan = Sm90FwdPlan{};
   if (p.headdim != T::kHeadDim) return cudaErrorInvalidValue;
   const int q_tiles = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   // Multicast configs run as clusters of two adjacent query tiles of one head when both walk the same
   // key tiles (non-causal) and the tiles pair up (an even count); then each CTA's K/V box is half a
   // tile (fwd_kernel.cuh). Otherwise they launch as the plain one-tile-per-CTA kernel.
-  const bool cluster_pairs = T::kMulticast && !p.causal && q_tiles % 2 == 0;
+  plan->cluster_pairs = T::kMulticast && !p.causal && q_tiles % 2 == 0;
+  plan->grid = dim3(q_tiles, p.heads_q, p.batch);
+  if constexpr (T::kSplitTail) {
+    SplitTailPlan split;
+    const cudaError_t err = split_tail_plan<T>(p, &split);
+    if (err != cudaSuccess) return err;
+    if (split.on) {
+      plan->stream_k = true;
+      plan->stream_k_tile0 = split.whole;
+      plan->split_tiles = split.split_tiles;
+      plan->split_pieces = split.pieces;
+      // Partial results per piece, then one arrival counter per (split tile, consumer warpgroup).
+      plan->zero_offset = static_cast<std::size_t>(split.split_tiles) * split.pieces * T::kPartialFloat4s * 16;
+      plan->zero_bytes = static_cast<std::size_t>(split.split_tiles) * T::kConsumerWGs * 4;
+      plan->workspace_bytes = plan->zero_offset + plan->zero_bytes;
+      plan->grid = dim3(static_cast<unsigned>(split.whole + split.split_tiles * split.pieces), 1, 1);
+    }
+  }
+  if constexpr (T::kPersistent) {
+    // Each CTA walks tiles blockIdx.x, +gridDim.x, ... (fwd_kernel.cuh; "pers.lpt" numbers the same
+    // tiles in another order), and with the split tail shares the last waves' key tiles.
+    int64_t tiles = 0;
+    int ctas = 0;
+    const cudaError_t err = persistent_grid<T>(p, &tiles, &ctas);
+    if (err != cudaSuccess) return err;
+    plan->grid = dim3(static_cast<unsigned>(ctas), 1, 1);
+    if constexpr (T::kDynamic) {
+      plan->workspace_bytes = 16;  // the counter of tiles taken
+      plan->zero_bytes = sizeof(int);
+    }
+    const StreamKPlan split = stream_k_plan<T>(p, tiles, ctas);
+    if (split.on) {
+      plan->stream_k = true;
+      plan->stream_k_tile0 = split.tile0;
+      // Partial results per CTA, then one flag per (CTA, consumer warpgroup).
+      plan->zero_offset = static_cast<std::size_t>(ctas) * T::kPartialFloat4s * 16;
+      plan->zero_bytes = static_cast<std::size_t>(ctas) * T::kConsumerWGs * 4;
+      plan->workspace_bytes = plan->zero_offset + plan->zero_bytes;
+    }
+  }
+  return cudaSuccess;
+}
+
+template <class T>
+cudaError_t launch_fwd(const FwdParams& params, const Sm90FwdPlan& plan, void* workspace, cudaStream_t stream) {
+  if (params.headdim != T::kHeadDim) return cudaErrorInvalidValue;
+  if (plan.workspace_bytes > 0 && workspace == nullptr) return cudaErrorInvalidValue;
+  FwdParams p = params;
+  p.stream_k = plan.stream_k;
+  p.stream_k_tile0 = plan.stream_k_tile0;
+  p.split_tiles = plan.split_tiles;
+  p.split_pieces = plan.split_pieces;
+  if (plan.workspace_bytes > 0) p.workspace = workspace;
+  const bool cluster_pairs = plan.cluster_pairs;
+  const dim3 grid = plan.grid;
   const int kv_box_rows = cluster_pairs ? T::kKVHalfRows : T::kBlockN;
   CUtensorMap tq, tk, tv;
   cudaError_t err = encode_bshd(&tq, T::kBf16, p.q, p.batch, p.seqlen_q, p.heads_q, p.headdim,
@@ -170,58 +201,9 @@ cudaError_t launch_fwd(const FwdParams& params, void* workspace, cudaStream_t st
   if (err == cudaSuccess)
     err = encode_bshd(&tv, T::kBf16, p.v, p.batch, p.seqlen_k, p.heads_k, p.headdim,
                       p.v_batch_stride, p.v_row_stride, p.v_head_stride, kv_box_rows);
+  if (err == cudaSuccess && plan.zero_bytes > 0)
+    err = cudaMemsetAsync(static_cast<char*>(workspace) + plan.zero_offset, 0, plan.zero_bytes, stream);
   if (err != cudaSuccess) return err;
-
-  // The grid and the schedule's parameters: one CTA per tile (the split last wave: per whole tile, then
-  // per piece), or one per SM (persistent).
-  dim3 grid(q_tiles, p.heads_q, p.batch);
-  if constexpr (T::kSplitTail) {
-    SplitTailPlan plan;
-    err = split_tail_plan<T>(p, &plan);
-    if (err != cudaSuccess) return err;
-    if (plan.on) {
-      // fwd_workspace_bytes asked for it; the arrival counters after the partial results start at 0.
-      if (workspace == nullptr) return cudaErrorInvalidValue;
-      p.workspace = workspace;
-      p.stream_k = true;
-      p.stream_k_tile0 = plan.whole;
-      p.split_tiles = plan.split_tiles;
-      p.split_pieces = plan.pieces;
-      const std::size_t data = static_cast<std::size_t>(plan.split_tiles) * plan.pieces * T::kPartialFloat4s * 16;
-      err = cudaMemsetAsync(static_cast<char*>(workspace) + data, 0,
-                            static_cast<std::size_t>(plan.split_tiles) * T::kConsumerWGs * 4, stream);
-      if (err != cudaSuccess) return err;
-      grid = dim3(static_cast<unsigned>(plan.whole + plan.split_tiles * plan.pieces), 1, 1);
-    }
-  }
-  if constexpr (T::kPersistent) {
-    // Each CTA walks tiles blockIdx.x, +gridDim.x, ... (fwd_kernel.cuh; "pers.lpt" numbers the same
-    // tiles in another order), and with the split tail shares the last waves' key tiles.
-    int64_t tiles = 0;
-    int ctas = 0;
-    err = persistent_grid<T>(p, &tiles, &ctas);
-    if (err != cudaSuccess) return err;
-    grid = dim3(static_cast<unsigned>(ctas), 1, 1);
-    if constexpr (T::kDynamic) {
-      if (workspace == nullptr) return cudaErrorInvalidValue;
-      p.workspace = workspace;
-      err = cudaMemsetAsync(workspace, 0, sizeof(int), stream);
-      if (err != cudaSuccess) return err;
-    }
-    const StreamKPlan plan = stream_k_plan<T>(p, tiles, ctas);
-    p.stream_k = plan.on;
-    p.stream_k_tile0 = plan.tile0;
-    if (plan.on) {
-      // fwd_workspace_bytes asked for it: partial results, then one flag per (CTA, consumer
-      // warpgroup), which must start at 0.
-      if (workspace == nullptr) return cudaErrorInvalidValue;
-      p.workspace = workspace;
-      const std::size_t data = static_cast<std::size_t>(ctas) * T::kPartialFloat4s * 16;
-      err = cudaMemsetAsync(static_cast<char*>(workspace) + data, 0,
-                            static_cast<std::size_t>(ctas) * T::kConsumerWGs * 4, stream);
-      if (err != cudaSuccess) return err;
-    }
-  }
 
   if constexpr (!T::kTmaStore) {
     auto kernel = fwd_kernel_sm90<T>;
@@ -357,7 +339,7 @@ using Fp16D128Bc192PersRego = Sm90FwdTraits<false, 128, 128, 192, true, false, t
 
 template <class T>
 constexpr Sm90FwdKernel entry(const char* name) {
-  return Sm90FwdKernel{name,          &launch_fwd<T>, &fwd_workspace_bytes<T>, T::kBf16 ? DType::kBf16 : DType::kFp16,
+  return Sm90FwdKernel{name,          &plan_fwd<T>, &launch_fwd<T>, T::kBf16 ? DType::kBf16 : DType::kFp16,
                        T::kHeadDim,   T::kBlockM,     T::kBlockN,
                        T::kSmemBytes, T::kThreads};
 }
