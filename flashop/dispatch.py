@@ -209,6 +209,17 @@ MULTICAST_HOPPER_FROM = {64: 16384, 128: 8192, 256: 4096}
 # The builds differ only in code the causal launch does not execute (the multicast branches); starting
 # every build with the cluster barrier did not close the gap, so the cause is not identified.
 MULTICAST_BUILD_CAUSAL = {128: (2048, 8192), 256: (1024, 1 << 62)}
+# Seqlen_k from which non-causal problems with at least one query tile per SM run the persistent 192-key
+# kernel that stores O from registers ("pers.rego": the next tile's Q loads by halves under this tile's
+# end, one warpgroup starts the next tile while the other finishes this one, and the split tail evens out
+# the last waves), ahead of the one-tile-per-CTA picks. H100 (session 22, the benchmark's runner, two
+# alternating processes per side, TFLOP/s, pers.rego against the policy's pick before it): d128 4k 637 /
+# 643 vs 614 / 614 (bf16), 630 / 623 vs 607 / 613 (fp16); 8k 686 / 686 vs 655 / 638, 658 / 672 vs 644 / 642;
+# 16k 707 / 708 vs 681 / 674, 683 / 679 vs 654 / 666; batch 1 x 8 heads at 8k (3.9 rounds of tiles) 675 /
+# 719 vs 655 / 651, 656 / 647 vs 632 / 630. At 2k the persistent 128-key kernel stays 2% ahead, at 1k 10%.
+# With fewer tiles than SMs it would leave SMs idle (no split tail), where the one-tile kernel's split
+# last wave shares each tile's keys out over pieces.
+PERSISTENT_REGISTER_O_FROM = {128: 4096}
 # Head dimensions whose backward default on compute capability 9.0 is the wgmma kernel (sm90.bwd.*) rather
 # than the first listed mma.sync config: 1.12-1.27x the fastest mma.sync backward at d128 on an H200
 # (bf16, 1k-16k, causal or not; docs/hopper.md).
@@ -224,7 +235,7 @@ def mma_sync_backward_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> 
     return choose_config(device, problem, built, tuned_entries(device.name))[0]
 
 
-def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
+def _hopper_variant(hopper: list, problem: "Problem", sm_count: int) -> tuple[str, str]:
     """Among the built Hopper ping-pong configs: below the length in MULTI_CTA_HOPPER_BELOW the 64-row
     tiles run three (or two) CTAs per SM; else below the length in PERSISTENT_HOPPER_BELOW the
     persistent kernel with a separate O staging tile (causal: tiles taken at run time); otherwise
@@ -233,7 +244,9 @@ def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
     balances unequal causal tiles better than a static stride. Of its tile sizes, the largest from the
     length in LARGE_HOPPER_TILE_FROM (fewer softmax, rescale and barrier rounds per FLOP), else the
     smallest (more CTAs, a narrower causal diagonal); non-causal from the length in MULTICAST_HOPPER_FROM,
-    its K/V multicast build where there is one."""
+    its K/V multicast build where there is one. Long non-causal problems with a query tile per SM or more
+    run the persistent kernel that stores O from registers instead, from the length in
+    PERSISTENT_REGISTER_O_FROM."""
     area = lambda c: c.block_m * c.block_n  # noqa: E731
     multi_non_causal, multi_causal = MULTI_CTA_HOPPER_BELOW.get(problem.headdim, (0, 0))
     multi_cta = [c for c in hopper if c.block_m == 64 and c.stages == 2]
@@ -250,6 +263,13 @@ def _hopper_variant(hopper: list, problem: "Problem") -> tuple[str, str]:
         order = ", tiles taken at run time" if pick.dynamic else ", longest first" if pick.longest_first else ""
         return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, persistent{order}, " \
                           f"{pick.block_m} x {pick.block_n} tiles"
+    register_o = [c for c in hopper if c.persistent and not c.tma_store]
+    if (register_o and not problem.causal
+            and problem.seqlen_k >= PERSISTENT_REGISTER_O_FROM.get(problem.headdim, 1 << 62)
+            and -(-problem.seqlen_q // max(register_o, key=area).block_m) * problem.batch_heads >= sm_count):
+        pick = max(register_o, key=area)
+        return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, persistent, " \
+                          f"O stored from registers, {pick.block_m} x {pick.block_n} tiles"
     per_tile = ([c for c in hopper if c.tma_store and not c.persistent and c.stages == 2 and not c.multicast
                  and c.block_m >= 128]
                 or [c for c in hopper if not c.persistent] or hopper)
@@ -324,7 +344,7 @@ def choose_config(device: DeviceInfo, problem: Problem, built: list[str], tuned:
         return pool[0].name, "backward default: first listed config that is built and fits"
     hopper = [c for c in pool if isinstance(c, HopperConfig) and c.pingpong]
     if hopper:
-        return _hopper_variant(hopper, problem)
+        return _hopper_variant(hopper, problem, device.sm_count)
     pool = [c for c in pool if isinstance(c, KernelConfig)]
     order = heuristic_order(problem)
     rank = {shape: i for i, shape in enumerate(order)}

@@ -71,13 +71,17 @@ def test_hopper_variant_by_length():
     assert pick(512, False, 64) == pick(1024, False, 64) == "sm90.fp16.d64.br128.bc128.pers"
     assert pick(512, False) == pick(1024, False) == pick(2048, False) == "sm90.fp16.d128.br128.bc128.pers"
     # Longer: one tile per CTA, the wider tiles from LARGE_HOPPER_TILE_FROM.
-    assert pick(4096, False) == pick(8192, True) == pick(16384, True) == \
-        "sm90.fp16.d128.br128.bc192.tmao"  # wide key tiles
+    assert pick(8192, True) == pick(16384, True) == "sm90.fp16.d128.br128.bc192.tmao"  # wide key tiles
     assert pick(2048, False, 64) == pick(4096, True, 64) == "sm90.fp16.d64.br192.bc128.tmao"  # 3 consumer WGs
     assert pick(512, False, 256) == pick(512, True, 256) == "sm90.fp16.d256.br128.bc64.tmao"
     assert pick(1024, False, 256) == "sm90.fp16.d256.br128.bc80.tmao"
-    # Long non-causal: the K/V multicast build of the one-tile pick.
-    assert pick(8192, False) == pick(16384, False) == "sm90.fp16.d128.br128.bc192.mc.tmao"
+    # Long non-causal d128 with a query tile per SM or more: the persistent kernel storing O from registers;
+    # with fewer tiles (it has no split for them), the K/V multicast build of the one-tile pick.
+    assert pick(4096, False) == pick(8192, False) == pick(16384, False) == "sm90.fp16.d128.br128.bc192.pers.rego"
+    few_tiles = lambda s, bh: dispatch.choose_config(h100, Problem("fp16", 128, s, s, bh, False), ALL_BUILT)[0]  # noqa: E731
+    assert few_tiles(8192, 3) == "sm90.fp16.d128.br128.bc192.pers.rego"  # 192 tiles
+    assert few_tiles(8192, 2) == "sm90.fp16.d128.br128.bc192.mc.tmao"  # 128 tiles for 132 SMs
+    assert few_tiles(4096, 4) == "sm90.fp16.d128.br128.bc192.tmao"
     assert pick(4096, False, 256) == "sm90.fp16.d256.br128.bc80.mc.tmao"
     assert pick(16384, False, 64) == "sm90.fp16.d64.br192.bc128.mc.tmao"
     assert pick(8192, False, 64) == "sm90.fp16.d64.br192.bc128.tmao"
@@ -93,12 +97,13 @@ def test_hopper_variant_by_length():
         "sm90.fp16.d128.br128.bc176.tmao"
     assert dispatch.choose_config(h100, Problem("fp16", 64, 512, 512, 64, True), older)[0] == \
         "sm90.fp16.d64.br128.bc128.pers.lpt"
-    # Persistent picks only where the O tile has room of its own (not d256, not 176-key tiles).
+    # Persistent picks only where the O tile has room of its own (not d256, not 176-key tiles), or O is
+    # stored from registers.
     for s in (512, 1024, 4096, 16384):
         for causal in (False, True):
             for d in (64, 128, 256):
                 config = dispatch.parse_config(pick(s, causal, d))
-                assert not config.persistent or config.separate_o
+                assert not config.persistent or config.separate_o or not config.tma_store
     # Without the persistent and TMA-store builds the plain Hopper kernel still serves.
     plain = [n for n in ALL_BUILT if not n.endswith((".pers", ".tmao", ".lpt"))]
     assert dispatch.choose_config(h100, Problem("fp16", 128, 1024, 1024, 64, False), plain)[0] == "sm90.fp16.d128.br128.bc128"
