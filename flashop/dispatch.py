@@ -188,8 +188,11 @@ LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 1024)}
 # time ("pers.dyn", session 11, H100, bf16): d128 causal 512 334 vs 295 for two CTAs per SM, 1k 410 vs
 # 399 for one tile per CTA, 2k 490 vs 488 for the multicast build (kept there); d64 causal 2k 361 vs 354
 # for three CTAs per SM and 355 for the 192-row tile (below 2k three CTAs per SM stay ahead: 258 / 317
-# vs 250 / 316).
-PERSISTENT_HOPPER_BELOW = {64: (2048, 4096), 128: (4096, 2048)}
+# vs 250 / 316). Session 22 (H100, the benchmark's runner, two alternating processes per side, bf16 / fp16):
+# d128 causal 2k 515 / 514 and 504 / 498 vs 477 / 477 and 461 / 466 for the multicast build (+8%), 4k 562 /
+# 561 and 538 / 540 vs 533 / 533 and 523 / 518 (+4-5%); at 8k the 192-key one-tile kernel stays ahead (592 /
+# 593 vs 592 / 560 bf16, 573 / 579 vs 564 / 556 fp16), so d128 causal runs it below 8k.
+PERSISTENT_HOPPER_BELOW = {64: (2048, 4096), 128: (4096, 8192)}
 # Seqlen_k (non-causal, causal) below which several CTAs per SM of 64 query rows each (one consumer
 # warpgroup) are picked, ahead of the persistent kernel: one CTA's prologue and epilogue run under the
 # others' GEMMs. Three per SM where built ("cta3": d64), else two ("br64": d128). H100 (2026-11-22, the
@@ -207,7 +210,9 @@ MULTICAST_HOPPER_FROM = {64: 16384, 128: 8192, 256: 4096}
 # sibling. Causal problems launch it without clusters, so it runs the same algorithm; yet on the H200 it
 # measured 1-6% faster in both harnesses (d256 causal 1k-16k, d128 B_c = 128 causal 2k-8k; docs/hopper.md).
 # The builds differ only in code the causal launch does not execute (the multicast branches); starting
-# every build with the cluster barrier did not close the gap, so the cause is not identified.
+# every build with the cluster barrier did not close the gap, so the cause is not identified. Since session 22
+# d128 causal below 8k runs tiles taken at run time (PERSISTENT_HOPPER_BELOW), so the d128 range applies only
+# to builds without them.
 MULTICAST_BUILD_CAUSAL = {128: (2048, 8192), 256: (1024, 1 << 62)}
 # Seqlen_k from which non-causal problems with at least one query tile per SM run the persistent 192-key
 # kernel that stores O from registers ("pers.rego": the next tile's Q loads by halves under this tile's

@@ -61,8 +61,9 @@ def test_hopper_variant_by_length():
     # Short causal: three (d64) or two (d128) CTAs of 64 query rows per SM; short non-causal: the
     # persistent kernel with its own O staging tile.
     assert pick(512, True, 64) == pick(1024, True, 64) == "sm90.fp16.d64.br64.bc64.cta3.tmao"
-    # d128 causal below 2k and d64 causal 2k: the persistent kernel with tiles taken at run time.
-    assert pick(512, True) == pick(1024, True) == "sm90.fp16.d128.br128.bc128.pers.dyn"
+    # d128 causal below 8k and d64 causal 2k: the persistent kernel with tiles taken at run time.
+    assert pick(512, True) == pick(1024, True) == pick(2048, True) == pick(4096, True) == \
+        "sm90.fp16.d128.br128.bc128.pers.dyn"
     assert pick(2048, True, 64) == "sm90.fp16.d64.br128.bc128.pers.dyn"
     # Without the three-CTA build, two CTAs per SM.
     no_cta3 = [n for n in ALL_BUILT if ".cta3." not in n]
@@ -85,8 +86,12 @@ def test_hopper_variant_by_length():
     assert pick(4096, False, 256) == "sm90.fp16.d256.br128.bc80.mc.tmao"
     assert pick(16384, False, 64) == "sm90.fp16.d64.br192.bc128.mc.tmao"
     assert pick(8192, False, 64) == "sm90.fp16.d64.br192.bc128.tmao"
-    # Causal: the multicast build (launched without clusters) where it measured faster than its sibling.
-    assert pick(2048, True) == pick(4096, True) == "sm90.fp16.d128.br128.bc128.mc.tmao"
+    # Causal: the multicast build (launched without clusters) where it measured faster than its sibling;
+    # at d128 (2k-4k) only without the persistent causal builds (run-time tiles, longest first).
+    no_persistent_causal = [n for n in ALL_BUILT if not n.endswith((".dyn", ".lpt"))]
+    for s in (2048, 4096):
+        assert dispatch.choose_config(h100, Problem("fp16", 128, s, s, 64, True), no_persistent_causal)[0] == \
+            "sm90.fp16.d128.br128.bc128.mc.tmao"
     assert pick(1024, True, 256) == pick(16384, True, 256) == "sm90.fp16.d256.br128.bc80.mc.tmao"
     for s in (1024, 4096, 16384):
         assert ".mc." not in pick(s, True, 64)
@@ -112,7 +117,7 @@ def test_hopper_variant_by_length():
 def test_policy_prefers_a_tuned_entry_and_ignores_bad_ones():
     h100, problem = DEVICES["H100"], Problem("bf16", 128, 4096, 4096, 128, True)
     key = dispatch.bucket_key(problem)
-    assert dispatch.choose_config(h100, problem, ALL_BUILT)[0] == "sm90.bf16.d128.br128.bc128.mc.tmao"
+    assert dispatch.choose_config(h100, problem, ALL_BUILT)[0] == "sm90.bf16.d128.br128.bc128.pers.dyn"
     assert dispatch.choose_config(h100, problem, ALL_BUILT, {key: "bf16.d128.br128.bc32.w4"}) == (
         "bf16.d128.br128.bc32.w4", f"tuned cache entry {key}")
     default = dispatch.choose_config(h100, problem, ALL_BUILT)[0]
