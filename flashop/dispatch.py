@@ -204,7 +204,8 @@ PERSISTENT_HOPPER_BELOW = {64: (2048, 4096), 128: (4096, 8192)}
 MULTI_CTA_HOPPER_BELOW = {64: (0, 2048), 128: (0, 0)}
 # Seqlen_k from which non-causal problems run the K/V multicast build ("mc": clusters of two CTAs sharing
 # each K/V tile) of the one-tile-per-CTA pick. H200 tuner (run 12): the fastest build at d256 from 4k (the
-# one-tile kernel 0.96-0.98), d128 from 8k, d64 at 16k (1-2%); at 2k it was up to 3% behind or even.
+# one-tile kernel 0.96-0.98), d128 from 8k, d64 at 16k (1-2%); at 2k it was up to 3% behind or even. At d128
+# it now applies only to problems with fewer query tiles than SMs (PERSISTENT_REGISTER_O_FROM takes the rest).
 MULTICAST_HOPPER_FROM = {64: 16384, 128: 8192, 256: 4096}
 # Causal seqlen_k range [from, to) in which the multicast build of the pick runs instead of its "tmao"
 # sibling. Causal problems launch it without clusters, so it runs the same algorithm; yet on the H200 it
