@@ -269,11 +269,11 @@ def _hopper_variant(hopper: list, problem: "Problem", sm_count: int) -> tuple[st
         order = ", tiles taken at run time" if pick.dynamic else ", longest first" if pick.longest_first else ""
         return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, persistent{order}, " \
                           f"{pick.block_m} x {pick.block_n} tiles"
-    register_o = [c for c in hopper if c.persistent and not c.tma_store]
-    if (register_o and not problem.causal
+    register_o = max((c for c in hopper if c.persistent and not c.tma_store), key=area, default=None)
+    if (register_o is not None and not problem.causal
             and problem.seqlen_k >= PERSISTENT_REGISTER_O_FROM.get(problem.headdim, 1 << 62)
-            and -(-problem.seqlen_q // max(register_o, key=area).block_m) * problem.batch_heads >= sm_count):
-        pick = max(register_o, key=area)
+            and -(-problem.seqlen_q // register_o.block_m) * problem.batch_heads >= sm_count):
+        pick = register_o
         return pick.name, f"heuristic: the Hopper wgmma + TMA kernel on compute capability 9.0, persistent, " \
                           f"O stored from registers, {pick.block_m} x {pick.block_n} tiles"
     per_tile = ([c for c in hopper if c.tma_store and not c.persistent and c.stages == 2 and not c.multicast
