@@ -137,9 +137,9 @@ def check_config(config: str | None, device: torch.device, dtype: torch.dtype, h
 
 # ---------------------------------------------------------------- the policy
 
-# Heuristic preference, best first, as (block_m, block_n, warps, flags), from the per-config timings
-# of the policy report on an H200 (docs/benchmarks.md). Configs not built or not fitting the device are
-# skipped; the first that remains wins.
+# Heuristic preference for the mma.sync forward, best first, as (block_m, block_n, warps, flags), from
+# per-config timings on an H200. Configs not built or not fitting the device are skipped; the first
+# that remains wins.
 _KV2 = ("kv2",)
 _QREG = ("qreg",)
 
@@ -169,66 +169,47 @@ def heuristic_order(problem: "Problem") -> list:
     return small + large if short else large + small
 
 
-# Seqlen_k (non-causal, causal) from which the larger Hopper tile of a headdim measured faster in the
-# policy runs (docs/policy.md): 192 query rows at d64 (three consumer warpgroups), 192 keys at d128 (H100,
-# 2026-11-22: 1-3% ahead of 176 keys from 2k non-causal, 2-3% at causal 8k-16k), 80 keys at d256. A causal
-# query tile sees fewer keys, so the larger tile pays off later.
+# Seqlen_k (non-causal, causal) from which the larger Hopper tile of a headdim is picked: 192 query rows
+# at d64 (three consumer warpgroups), 192 keys at d128, 80 keys at d256. Fewer softmax, rescale and
+# barrier rounds per FLOP; a causal query tile sees fewer keys, so the larger tile pays off later.
+# d128 192 keys: 1-3% ahead of 176 from 2k non-causal and 2-3% at causal 8k-16k (H100).
 LARGE_HOPPER_TILE_FROM = {64: (0, 2048), 128: (2048, 8192), 256: (1024, 1024)}
-# Seqlen_k (non-causal, causal) below which the persistent kernel with its own O staging tile and two Q
-# buffers (the next tile's Q loads during the current one) is picked, causal in the longest-first tile order: few key tiles
-# per query tile, so the per-tile prologue and epilogue that it overlaps are a large share. In the
-# H200 tuner runs it was 4-11% ahead at d128 non-causal 512-1k and 2-9% at d64 512 (docs/hopper.md).
-# Since its second Q buffer (H100, 2026-11-23, the benchmark's runner, bf16 / fp16 TFLOP/s): d128
-# non-causal 1k 556 / 536 vs 497 / 482 for the 192-key tile, 2k 580 / 559 vs 574 / 559, 4k 591 / 565 vs
-# 600 / 583; d64 non-causal 512 (bf16) 362 vs 348 for three CTAs per SM. With the split tail (session 11,
-# H100, bf16, forced configs): d128 non-causal 2k 597 vs 571 for the 192-key multicast build, 4k 603 vs
-# 610, 8k 621 vs 635; d64 non-causal 1k 397 vs 389 for the 192-row tile (fp16, H200, same process: 380
-# vs 373, three CTAs per SM 360), 2k 414 vs 453. d256 (no room
-# for the O tile) keeps one tile per CTA. Causal problems run it with tiles taken at run
-# time ("pers.dyn", session 11, H100, bf16): d128 causal 512 334 vs 295 for two CTAs per SM, 1k 410 vs
-# 399 for one tile per CTA, 2k 490 vs 488 for the multicast build (kept there); d64 causal 2k 361 vs 354
-# for three CTAs per SM and 355 for the 192-row tile (below 2k three CTAs per SM stay ahead: 258 / 317
-# vs 250 / 316). Session 22 (H100, the benchmark's runner, two alternating processes per side, bf16 / fp16):
-# d128 causal 2k 515 / 514 and 504 / 498 vs 477 / 477 and 461 / 466 for the multicast build (+8%), 4k 562 /
-# 561 and 538 / 540 vs 533 / 533 and 523 / 518 (+4-5%); at 8k the 192-key one-tile kernel stays ahead (592 /
-# 593 vs 592 / 560 bf16, 573 / 579 vs 564 / 556 fp16), so d128 causal runs it below 8k.
+# Seqlen_k (non-causal, causal) below which the persistent kernel with its own O tile and two Q buffers
+# is picked: with few key tiles per query tile, the per-tile prologue and epilogue it overlaps with the
+# neighbouring tiles are a large share. Non-causal in the plain order (with its split tail): d128 2k
+# 597 vs 571 TFLOP/s for the 192-key multicast build (H100, bf16). Causal with tiles taken at run time
+# ("pers.dyn"): d128 causal 2k +8% and 4k +4-5% over the multicast build; from 8k the 192-key one-tile
+# kernel is ahead. d256 has no room for the O tile and keeps one tile per CTA.
 PERSISTENT_HOPPER_BELOW = {64: (2048, 4096), 128: (4096, 8192)}
 # Seqlen_k (non-causal, causal) below which several CTAs per SM of 64 query rows each (one consumer
 # warpgroup) are picked, ahead of the persistent kernel: one CTA's prologue and epilogue run under the
-# others' GEMMs. Three per SM where built ("cta3": d64), else two ("br64": d128). H100 (2026-11-22, the
-# benchmark's runner): d64 three CTAs 0.93-0.97x cuDNN at 512 (two: 0.81-0.87x, the 192-row tile
-# 0.66-0.86x), causal 1k 0.90-0.94x (two: 0.87x); from 1k non-causal and 2k causal the 192-row tile is
-# as fast or faster (non-causal 2k: 457 vs 400 TFLOP/s). H200 (run 12): d128 causal 512 two CTAs within
-# 2% of the fastest build. d64 non-causal 512 runs the persistent kernel since its second Q buffer
-# (above), d128 causal 512 since its tiles are taken at run time (above: 334 vs 295 TFLOP/s).
+# others' GEMMs. Three per SM where built ("cta3", d64): causal 1k 0.90-0.94x cuDNN against 0.87x for
+# two (H100); from 2k causal the persistent kernel and the 192-row tile are as fast or faster. None at
+# d128: its short causal problems run tiles taken at run time (causal 512: 334 vs 295 TFLOP/s for two
+# CTAs per SM).
 MULTI_CTA_HOPPER_BELOW = {64: (0, 2048), 128: (0, 0)}
 # Seqlen_k from which non-causal problems run the K/V multicast build ("mc": clusters of two CTAs sharing
-# each K/V tile) of the one-tile-per-CTA pick. H200 tuner (run 12): the fastest build at d256 from 4k (the
-# one-tile kernel 0.96-0.98), d128 from 8k, d64 at 16k (1-2%); at 2k it was up to 3% behind or even. At d128
-# it now applies only to problems with fewer query tiles than SMs (PERSISTENT_REGISTER_O_FROM takes the rest).
+# each K/V tile) of the one-tile-per-CTA pick: the fastest build at d256 from 4k (the one-tile kernel
+# 0.96-0.98), d128 from 8k, d64 at 16k (1-2%; H200 tuner). At d128 it applies only to problems with fewer
+# query tiles than SMs (PERSISTENT_REGISTER_O_FROM takes the rest).
 MULTICAST_HOPPER_FROM = {64: 16384, 128: 8192, 256: 4096}
 # Causal seqlen_k range [from, to) in which the multicast build of the pick runs instead of its "tmao"
-# sibling. Causal problems launch it without clusters, so it runs the same algorithm; yet on the H200 it
-# measured 1-6% faster in both harnesses (d256 causal 1k-16k, d128 B_c = 128 causal 2k-8k; docs/hopper.md).
-# The builds differ only in code the causal launch does not execute (the multicast branches); starting
-# every build with the cluster barrier did not close the gap, so the cause is not identified. Since session 22
-# d128 causal below 8k runs tiles taken at run time (PERSISTENT_HOPPER_BELOW), so the d128 range applies only
-# to builds without them.
+# sibling. Causal problems launch it without clusters, so it runs the same algorithm, yet it measured 1-6%
+# faster (d256 causal 1k-16k, d128 B_c = 128 causal 2k-8k; H200); the cause is not identified (the builds
+# differ only in code the causal launch does not execute). d128 causal below 8k runs tiles taken at run
+# time (PERSISTENT_HOPPER_BELOW), so the d128 range applies only to builds without them.
 MULTICAST_BUILD_CAUSAL = {128: (2048, 8192), 256: (1024, 1 << 62)}
 # Seqlen_k from which non-causal problems with at least one query tile per SM run the persistent 192-key
 # kernel that stores O from registers ("pers.rego": the next tile's Q loads by halves under this tile's
 # end, one warpgroup starts the next tile while the other finishes this one, and the split tail evens out
-# the last waves), ahead of the one-tile-per-CTA picks. H100 (session 22, the benchmark's runner, two
-# alternating processes per side, TFLOP/s, pers.rego against the policy's pick before it): d128 4k 637 /
-# 643 vs 614 / 614 (bf16), 630 / 623 vs 607 / 613 (fp16); 8k 686 / 686 vs 655 / 638, 658 / 672 vs 644 / 642;
-# 16k 707 / 708 vs 681 / 674, 683 / 679 vs 654 / 666; batch 1 x 8 heads at 8k (3.9 rounds of tiles) 675 /
-# 719 vs 655 / 651, 656 / 647 vs 632 / 630. At 2k the persistent 128-key kernel stays 2% ahead, at 1k 10%.
-# With fewer tiles than SMs it would leave SMs idle (no split tail), where the one-tile kernel's split
-# last wave shares each tile's keys out over pieces.
+# the last waves), ahead of the one-tile-per-CTA picks: 3-6% faster at d128 4k-16k in both dtypes (H100,
+# bf16 8k 686 vs 655 TFLOP/s); at 2k the persistent 128-key kernel stays 2% ahead, at 1k 10%. With fewer
+# tiles than SMs it would leave SMs idle (nothing to split), where the one-tile kernel's split last wave
+# shares each tile's keys out over pieces.
 PERSISTENT_REGISTER_O_FROM = {128: 4096}
 # Head dimensions whose backward default on compute capability 9.0 is the wgmma kernel (sm90.bwd.*) rather
-# than the first listed mma.sync config: 1.12-1.27x the fastest mma.sync backward at d128 on an H200
-# (bf16, 1k-16k, causal or not; docs/hopper.md).
+# than the first listed mma.sync config: 1.15-1.28x the fastest mma.sync backward at d128 (H200, bf16,
+# 1k-16k, causal or not).
 HOPPER_BACKWARD_HEADDIMS = (128,)
 
 
@@ -245,9 +226,9 @@ def _hopper_variant(hopper: list, problem: "Problem", sm_count: int) -> tuple[st
     """Among the built Hopper ping-pong configs: below the length in MULTI_CTA_HOPPER_BELOW the 64-row
     tiles run three (or two) CTAs per SM; else below the length in PERSISTENT_HOPPER_BELOW the
     persistent kernel with a separate O staging tile (causal: tiles taken at run time); otherwise
-    one tile per CTA with the TMA-store epilogue, which in the H200 policy runs was the fastest of all
-    built configs on nearly every longer shape (docs/policy.md): the hardware block scheduler
-    balances unequal causal tiles better than a static stride. Of its tile sizes, the largest from the
+    one tile per CTA with the TMA-store epilogue, which measured the fastest of all built configs on
+    nearly every longer shape: the hardware block scheduler balances unequal causal tiles better than
+    a static stride. Of its tile sizes, the largest from the
     length in LARGE_HOPPER_TILE_FROM (fewer softmax, rescale and barrier rounds per FLOP), else the
     smallest (more CTAs, a narrower causal diagonal); non-causal from the length in MULTICAST_HOPPER_FROM,
     its K/V multicast build where there is one. Long non-causal problems with a query tile per SM or more
