@@ -1,20 +1,35 @@
-"""Benchmark flashop against torch's scaled_dot_product_attention, in one process.
+"""Benchmark flashop against torch's scaled_dot_product_attention in one process, and write docs/benchmarks.md.
 
-    python -m flashop.bench --device cpu      # vs torch's CPU SDPA (flash kernel), times and ratios
-    python -m flashop.bench --device cuda     # TFLOP/s vs the FLASH_ATTENTION and CUDNN_ATTENTION backends
+Regenerate docs/benchmarks.md (this machine's device section; the other devices' sections stay):
 
-Times are medians: CUDA-event timings (triton.testing.do_bench) on the GPU, torch.utils.benchmark on
-the CPU; on the GPU the implementations take turns over --rounds rounds (median of the rounds).
-Ratios > 1 mean flashop is faster. Results go to stdout as a markdown table and, with --out-dir, to
-<out-dir>/bench_<device>.{md,json,png}.
+    python -m flashop.bench --device cuda --modes fwd bwd fwd+bwd --write-docs docs
+    python -m flashop.bench --device cpu --write-docs docs
+
+On the GPU machine `OUT=/tmp/report bash tools/gpu_check.sh build bench` runs the first command into
+$OUT/docs/; copy its bench_<device>.json, bench_<device>.png and benchmarks.md into docs/.
+
+--write-docs DIR writes DIR/bench_<device>.json (the results, the source of truth the page is rendered
+from), DIR/bench_<device>.png (the plot), and renders DIR/benchmarks.md from every DIR/bench_*.json present.
+<device> is a short name of the device (h100, h200, a100, cpu; --slug overrides it).
+
+    python -m flashop.bench --render-docs docs        # re-render docs/benchmarks.md from docs/bench_*.json
+    python -m flashop.bench --device cuda --modes fwd --headdims 128          # a report on stdout only
+    python -m flashop.bench --device cuda --out-dir /tmp/b   # also /tmp/b/bench_cuda.{md,json,png}
+
+The peers: on the GPU torch's FLASH_ATTENTION (FlashAttention-2) and CUDNN_ATTENTION backends (TFLOP/s),
+on the CPU torch's own CPU kernel (GFLOP/s). Ratios > 1 mean flashop is faster. How the numbers are taken:
+the Method section of docs/benchmarks.md (METHOD in flashop/bench.py).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import json
+import math
 import os
 import platform
+import re
 import statistics
 from dataclasses import asdict, dataclass, field
 
@@ -25,6 +40,36 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import flashop
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+MODES = ("fwd", "bwd", "fwd+bwd")
+MODE_TITLES = {"fwd": "Forward", "bwd": "Backward", "fwd+bwd": "Forward + backward"}
+PEER_LABELS = {"flash": "FA2", "cudnn": "cuDNN", "torch": "torch"}
+REPORT_FORMAT = 1
+
+METHOD = """\
+## Method
+
+* **Work**: FLOPs = 4·B·Hq·Sq·Sk·D for the forward, halved when causal (Sq = Sk here); the backward
+  counts 2.5x the forward, forward + backward 3.5x. Speeds are those FLOPs over the median time.
+* **Shapes**: q, k and v of shape (batch, seqlen, heads, headdim) with batch x seqlen = 32768 tokens and
+  2048 / headdim heads on the GPU (16 heads at d128), 4096 tokens and 8 heads on the CPU; the peers see the
+  same memory as (batch, heads, seqlen, headdim) views. flashop runs the kernel its policy picks
+  (`config=None`), as a user's call would.
+* **Modes**: `fwd` is the forward under `torch.no_grad()`; `bwd` the backward alone (`torch.autograd.grad`
+  of a forward run once beforehand); `fwd+bwd` the forward and its backward together.
+* **Timing on the GPU**: the median of CUDA-event timings by `triton.testing.do_bench` (warm-up 25 ms,
+  100 ms of repetitions, the L2 cache flushed before each call), after one untimed call of each
+  implementation. The implementations are timed in turn, round after round (3 rounds, the order rotated
+  each round), and each keeps the median of its rounds, so a stretch of higher or lower clock does not
+  fall on one of them only.
+* **Timing on the CPU**: the median of `torch.utils.benchmark.Timer.blocked_autorange` (at least 0.5 s).
+* **Peers**, in the same process: on the GPU `torch.nn.functional.scaled_dot_product_attention` with the
+  FLASH_ATTENTION backend (FlashAttention-2, "FA2") and the CUDNN_ATTENTION backend ("cuDNN"); on the CPU
+  the same function with torch's default CPU kernel ("torch"). A "-" is a shape the peer refused.
+* **Ratios** are peer time / flashop time: > 1 means flashop is faster. The summary gives the harmonic
+  mean of each row's ratios over the sequence lengths.
+* Regenerate a device's section with `python -m flashop.bench --device cuda --modes fwd bwd fwd+bwd
+  --write-docs docs` (or `--device cpu`); the other devices' sections are kept.
+"""
 
 
 @dataclass
@@ -47,7 +92,7 @@ class Case:
 @dataclass
 class Result:
     case: Case
-    ms: dict[str, float] = field(default_factory=dict)  # implementation -> median milliseconds
+    ms: dict[str, float] = field(default_factory=dict)  # implementation -> median milliseconds (nan: failed)
 
     def tflops(self, impl: str) -> float:
         return self.case.flops() / (self.ms[impl] * 1e-3) / 1e12
@@ -121,7 +166,7 @@ def cuda_cases(args):
                 for seqlen in args.seqlens or [512, 1024, 2048, 4096, 8192, 16384]:
                     for mode in args.modes or ["fwd"]:
                         batch = max(1, args.tokens // seqlen)
-                        heads = args.heads or 2048 // headdim  # 16 heads at d128, as in shared/GPU.md
+                        heads = args.heads or 2048 // headdim  # 16 heads at d128
                         yield Case(dtype, headdim, seqlen, batch, heads, causal, mode)
 
 
@@ -152,39 +197,192 @@ def run_case(case: Case, device: str, peers: list[str], config=None, rounds: int
     return result
 
 
-def harmonic_mean(xs):
-    xs = [x for x in xs if x == x and x > 0]
-    return statistics.harmonic_mean(xs) if xs else float("nan")
+# --- the report: a JSON-able dict per device, rendered to markdown and a plot ------------------------------
 
 
-def markdown(results: list[Result], device: str, peers: list[str]) -> str:
-    name = torch.cuda.get_device_name() if device == "cuda" else f"{platform.processor() or 'CPU'} ({torch.get_num_threads()} threads)"
-    lines = [f"Device: {name}; torch {torch.__version__}; {datetime.date.today().isoformat()}", ""]
-    unit = "TFLOP/s" if device == "cuda" else "ms"
-    head = ["dtype", "d", "causal", "mode", "seqlen", "batch x heads", f"flashop {unit}"]
-    head += [f"{p} {unit}" for p in peers] + [f"flashop/{p}" for p in peers]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in results:
-        c = r.case
-        value = (lambda i: f"{r.tflops(i):.1f}") if device == "cuda" else (lambda i: f"{r.ms[i]:.2f}")
-        row = [c.dtype, str(c.headdim), str(c.causal), c.mode, str(c.seqlen), f"{c.batch}x{c.heads}", value("flashop")]
-        row += [value(p) for p in peers] + [f"{r.ratio('flashop', p):.2f}" for p in peers]
-        lines.append("| " + " | ".join(row) + " |")
-    # Harmonic means over seqlens, the figure the issues' bars are stated in.
-    lines += ["", "Harmonic mean over seqlens of flashop speed / peer speed:", ""]
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    name = platform.processor() or platform.machine() or "CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return name
+
+
+def device_slug(name: str, device: str) -> str:
+    """A short file name for a device: "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA A100-SXM4-80GB" -> "a100",
+    "NVIDIA GeForce RTX 4090" -> "rtx-4090"; every CPU is "cpu"."""
+    if device == "cpu":
+        return "cpu"
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w and w not in ("nvidia", "geforce", "tesla")]
+    for i, word in enumerate(words):
+        if any(ch.isdigit() for ch in word):
+            return "-".join(words[:i + 1])
+    return "-".join(words) or device
+
+
+def _json_ms(ms: float):
+    return None if math.isnan(ms) else float(f"{ms:.5g}")  # 5 digits: far below the timings' noise
+
+
+def make_report(results: list[Result], args, peers: list[str]) -> dict:
+    report = {
+        "format": REPORT_FORMAT,
+        "device": args.device,
+        "name": device_name(args.device),
+        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+        "torch": torch.__version__,
+        "tokens": args.tokens,
+        "rounds": args.rounds,
+        "peers": peers,
+        "config": args.config,
+        "results": [dict(asdict(r.case), ms={k: _json_ms(v) for k, v in r.ms.items()}) for r in results],
+    }
+    if args.device == "cuda":
+        report["cuda"] = torch.version.cuda
+        report["cudnn"] = torch.backends.cudnn.version()
+    else:
+        report["threads"] = torch.get_num_threads()
+    report["slug"] = args.slug or device_slug(report["name"], args.device)
+    return report
+
+
+def _speed(report: dict, row: dict, impl: str):
+    """TFLOP/s on the GPU, GFLOP/s on the CPU; None where the implementation has no time."""
+    ms = row["ms"].get(impl)
+    if ms is None or not ms > 0:
+        return None
+    case = Case(**{k: row[k] for k in ("dtype", "headdim", "seqlen", "batch", "heads", "causal", "mode")})
+    return case.flops() / (ms * 1e-3) / (1e12 if report["device"] == "cuda" else 1e9)
+
+
+def _ratio(row: dict, peer: str):
+    ms, peer_ms = row["ms"].get("flashop"), row["ms"].get(peer)
+    return peer_ms / ms if ms and peer_ms and ms > 0 and peer_ms > 0 else None
+
+
+def _harmonic_mean(xs):
+    xs = [x for x in xs if x is not None and x > 0]
+    return statistics.harmonic_mean(xs) if xs else None
+
+
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _modes(report: dict) -> list[str]:
+    present = {row["mode"] for row in report["results"]}
+    return [m for m in MODES if m in present]
+
+
+def _groups(rows: list[dict], key) -> dict:
     groups = {}
-    for r in results:
-        c = r.case
-        groups.setdefault((c.dtype, c.headdim, c.causal, c.mode), []).append(r)
-    head = ["dtype", "d", "causal", "mode"] + [f"vs {p}" for p in peers]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for key, rs in groups.items():
-        row = [key[0], str(key[1]), str(key[2]), key[3]] + [f"{harmonic_mean([r.ratio('flashop', p) for r in rs]):.3f}" for p in peers]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"
+    for row in rows:
+        groups.setdefault(key(row), []).append(row)
+    return groups
 
 
-def plot(results: list[Result], device: str, peers: list[str], path: str):
+def unit(report: dict) -> str:
+    return "TFLOP/s" if report["device"] == "cuda" else "GFLOP/s"
+
+
+def device_section(report: dict, heading: str = "##") -> str:
+    """The markdown of one device: what was measured where, the summary, the plot, a table per mode."""
+    peers, u = report["peers"], unit(report)
+    labels = [PEER_LABELS.get(p, p) for p in peers]
+    if report["device"] == "cuda":
+        title = report["name"]
+        env = f"torch {report['torch']}, CUDA {report.get('cuda')}, cuDNN {report.get('cudnn')}"
+    else:
+        title = f"CPU: {report['name']}"
+        env = f"torch {report['torch']}, {report.get('threads')} threads"
+    lines = [f"{heading} {title}", "",
+             f"{env}; measured {report['date']}; batch x seqlen = {report['tokens']} tokens, "
+             f"{report['rounds']} round{'s' if report['rounds'] != 1 else ''}. {u}, higher is better; "
+             "ratios > 1: flashop faster.", ""]
+    if report.get("config"):
+        lines[-1:-1] = [f"flashop forced to run `{report['config']}` (not the policy's pick).", ""]
+    modes = _modes(report)
+    dtypes = list(dict.fromkeys(r["dtype"] for r in report["results"]))
+
+    def order(r):  # rows by dtype (as measured), headdim, causal, seqlen
+        return dtypes.index(r["dtype"]), r["headdim"], r["causal"], r["seqlen"]
+
+    lines += [f"{heading}# Summary", "",
+              "Harmonic mean over seqlens of peer time / flashop time:", ""]
+    head = ["dtype", "d", "causal"] + [f"{m} vs {label}" for m in modes for label in labels]
+    rows = []
+    for (dtype, d, causal), group in _groups(sorted(report["results"], key=order),
+                                             lambda r: (r["dtype"], r["headdim"], r["causal"])).items():
+        cells = [dtype, str(d), str(causal)]
+        for m in modes:
+            for p in peers:
+                cells.append(_fmt(_harmonic_mean([_ratio(r, p) for r in group if r["mode"] == m]), ".2f"))
+        rows.append(cells)
+    lines += _table(head, rows) + ["", f"![{title}](bench_{report['slug']}.png)", ""]
+    for m in modes:
+        lines += [f"{heading}# {MODE_TITLES[m]}", ""]
+        head = ["dtype", "d", "causal", "seqlen", "batch x heads", f"flashop {u}"]
+        head += [f"{label} {u}" for label in labels] + [f"vs {label}" for label in labels]
+        rows = []
+        for r in sorted((r for r in report["results"] if r["mode"] == m), key=order):
+            cells = [r["dtype"], str(r["headdim"]), str(r["causal"]), str(r["seqlen"]), f"{r['batch']}x{r['heads']}",
+                     _fmt(_speed(report, r, "flashop"), ".1f")]
+            cells += [_fmt(_speed(report, r, p), ".1f") for p in peers] + [_fmt(_ratio(r, p), ".2f") for p in peers]
+            rows.append(cells)
+        lines += _table(head, rows) + [""]
+    return "\n".join(lines)
+
+
+def load_reports(docs_dir: str) -> list[dict]:
+    """Every device report (bench_<slug>.json) in docs_dir: GPUs by name, the CPU last."""
+    reports = []
+    for path in sorted(glob.glob(os.path.join(docs_dir, "bench_*.json"))):
+        with open(path) as f:
+            try:
+                report = json.load(f)
+            except json.JSONDecodeError:
+                continue
+        # bench_<device>.json from --out-dir has the same format; only the file named by its slug counts.
+        if (isinstance(report, dict) and report.get("format") == REPORT_FORMAT and "results" in report
+                and os.path.basename(path) == f"bench_{report.get('slug')}.json"):
+            reports.append(report)
+    return sorted(reports, key=lambda r: (r["device"] == "cpu", r["slug"]))
+
+
+def render_docs(docs_dir: str) -> str:
+    """Write docs_dir/benchmarks.md from the device reports there; returns its path."""
+    reports = load_reports(docs_dir)
+    lines = ["# flashop benchmarks", "",
+             "Generated by `python -m flashop.bench --write-docs docs` from the per-device results in "
+             "`docs/bench_<device>.json`; do not edit by hand.", ""]
+    if reports:
+        lines += ["Devices: " + ", ".join(f"[{r['name'] if r['device'] == 'cuda' else 'CPU'}](#{_anchor(r)})"
+                                          for r in reports), ""]
+    lines += [METHOD]
+    for report in reports:
+        lines += [device_section(report)]
+    path = os.path.join(docs_dir, "benchmarks.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines).rstrip("\n") + "\n")
+    return path
+
+
+def _anchor(report: dict) -> str:
+    title = report["name"] if report["device"] == "cuda" else f"CPU: {report['name']}"
+    return re.sub(r"[^a-z0-9 _-]", "", title.lower()).replace(" ", "-")
+
+
+def plot(report: dict, path: str) -> bool:
+    """One figure per device: a panel per (mode, dtype) row and (headdim, causal) column, speed against
+    seqlen for flashop and each peer."""
     try:
         import matplotlib
 
@@ -192,27 +390,68 @@ def plot(results: list[Result], device: str, peers: list[str], path: str):
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib not installed: no plot")
-        return
-    groups = {}
-    for r in results:
-        c = r.case
-        groups.setdefault((c.dtype, c.headdim, c.causal, c.mode), []).append(r)
-    cols = 4
-    rows = (len(groups) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
-    for ax, (key, rs) in zip(axes.flat, groups.items()):
-        for impl in ["flashop"] + peers:
-            ys = [r.tflops(impl) if device == "cuda" else r.ms[impl] for r in rs]
-            ax.plot([r.case.seqlen for r in rs], ys, marker="o", label=impl)
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"{key[0]} d{key[1]} {'causal' if key[2] else 'full'} {key[3]}", fontsize=9)
-        ax.set_xlabel("seqlen")
-        ax.set_ylabel("TFLOP/s" if device == "cuda" else "ms")
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(groups):]:
-        ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+        return False
+    results = report["results"]
+    by_mode = sorted(results, key=lambda r: MODES.index(r["mode"]))
+    row_keys = list(dict.fromkeys((r["mode"], r["dtype"]) for r in by_mode))
+    col_keys = list(dict.fromkeys((r["headdim"], r["causal"]) for r in results))
+    if not row_keys:
+        return False
+    size = (2.6 * len(col_keys) + 0.4, 2.0 * len(row_keys) + 0.6)
+    fig, axes = plt.subplots(len(row_keys), len(col_keys), figsize=size, squeeze=False)
+    impls = ["flashop"] + report["peers"]
+    for i, (mode, dtype) in enumerate(row_keys):
+        for j, (d, causal) in enumerate(col_keys):
+            ax = axes[i][j]
+            cell = sorted((r for r in results if (r["mode"], r["dtype"], r["headdim"], r["causal"]) ==
+                           (mode, dtype, d, causal)), key=lambda r: r["seqlen"])
+            if not cell:
+                ax.axis("off")
+                continue
+            for impl in impls:
+                pts = [(r["seqlen"], _speed(report, r, impl)) for r in cell]
+                pts = [(x, y) for x, y in pts if y is not None]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", markersize=3, label="flashop" if impl == "flashop" else
+                            PEER_LABELS.get(impl, impl))
+            ax.set_xscale("log", base=2)
+            seqlens = [r["seqlen"] for r in cell]
+            ax.set_xticks(seqlens, [f"{s // 1024}k" if s % 1024 == 0 else str(s) for s in seqlens])
+            ax.minorticks_off()
+            ax.set_ylim(bottom=0)
+            ax.tick_params(labelsize=7)
+            ax.set_title(f"{mode} {dtype} d{d} {'causal' if causal else 'full'}", fontsize=8)
+            if j == 0:
+                ax.set_ylabel(unit(report), fontsize=7)
+            if i == len(row_keys) - 1:
+                ax.set_xlabel("seqlen", fontsize=7)
+    handles, labels = next((ax.get_legend_handles_labels() for ax in axes.flat if ax.lines), ([], []))
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.suptitle(f"{report['name']} ({report['date']})", fontsize=9, y=0.995, x=0.01, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
+    return True
+
+
+def report_json(report: dict) -> str:
+    """The report as JSON, one result a line (small, and a re-run's diff reads row by row)."""
+    head = [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in report.items() if k != "results"]
+    rows = ",\n".join("  " + json.dumps(row) for row in report["results"])
+    return "{\n" + "\n".join(head) + '\n "results": [\n' + rows + "\n ]\n}\n"
+
+
+def write_report(report: dict, out_dir: str, stem: str, markdown: bool) -> str:
+    """out_dir/<stem>.json and .png (and .md: the device's section alone, when asked)."""
+    os.makedirs(out_dir, exist_ok=True)
+    base = os.path.join(out_dir, stem)
+    with open(base + ".json", "w") as f:
+        f.write(report_json(report))
+    plot(report, base + ".png")
+    if markdown:
+        with open(base + ".md", "w") as f:
+            f.write(device_section(report, heading="#"))
+    return base
 
 
 def parse_args(argv=None):
@@ -222,7 +461,8 @@ def parse_args(argv=None):
     p.add_argument("--headdims", nargs="*", type=int)
     p.add_argument("--seqlens", nargs="*", type=int)
     p.add_argument("--causal", nargs="*", type=lambda s: s.lower() in ("1", "true", "yes"), default=[False, True])
-    p.add_argument("--modes", nargs="*", choices=["fwd", "bwd", "fwd+bwd"])
+    p.add_argument("--modes", nargs="*", choices=list(MODES),
+                   help="default fwd on cuda, fwd and fwd+bwd on cpu; all three with --write-docs")
     p.add_argument("--tokens", type=int, help="batch x seqlen (default 4096 on cpu, 32768 on cuda)")
     p.add_argument("--heads", type=int, help="default 8 on cpu, 2048/headdim on cuda")
     p.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
@@ -230,14 +470,25 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, help="time the implementations in turn this many times, keep each one's "
                    "median (default 3 on cuda, 1 on cpu)")
     p.add_argument("--out-dir", help="write bench_<device>.md/.json/.png here")
+    p.add_argument("--write-docs", metavar="DIR", help="write DIR/bench_<slug>.json and .png, then render "
+                   "DIR/benchmarks.md from every DIR/bench_*.json")
+    p.add_argument("--render-docs", metavar="DIR", help="only render DIR/benchmarks.md from DIR/bench_*.json "
+                   "(no benchmark)")
+    p.add_argument("--slug", help="the device's short name in --write-docs file names (default: from its name, "
+                   "e.g. h100; cpu)")
     args = p.parse_args(argv)
     args.tokens = args.tokens or (32768 if args.device == "cuda" else 4096)
     args.rounds = args.rounds or (3 if args.device == "cuda" else 1)
+    if args.write_docs and not args.modes:
+        args.modes = list(MODES)
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.render_docs:
+        print(render_docs(args.render_docs))
+        return []
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == "cuda":
@@ -248,16 +499,13 @@ def main(argv=None):
 
     results = [run_case(c, args.device, peers, args.config, args.rounds)
                for c in tqdm(cases, desc=f"bench {args.device}")]
-    table = markdown(results, args.device, peers)
-    print(table)
+    report = make_report(results, args, peers)
+    print(device_section(report, heading="#"))
     if args.out_dir:
-        os.makedirs(args.out_dir, exist_ok=True)
-        stem = os.path.join(args.out_dir, f"bench_{args.device}")
-        with open(stem + ".md", "w") as f:
-            f.write(table)
-        with open(stem + ".json", "w") as f:
-            json.dump([{"case": asdict(r.case), "ms": r.ms} for r in results], f, indent=1)
-        plot(results, args.device, peers, stem + ".png")
+        write_report(report, args.out_dir, f"bench_{args.device}", markdown=True)
+    if args.write_docs:
+        write_report(report, args.write_docs, f"bench_{report['slug']}", markdown=False)
+        print(render_docs(args.write_docs))
     return results
 
 

@@ -84,15 +84,13 @@ def nvcc_compile(source, out_dir, arch="80"):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_nvcc_compiles_representative_kernels(tmp_path):
-    """Forward and backward mma.sync kernels for sm_80, the wgmma + TMA kernels and the GPU probes (tools/*.cu,
-    built on the GPU machine by tools/gpu_check.sh) for sm_90a."""
+    """Forward and backward mma.sync kernels for sm_80, the wgmma + TMA kernels for sm_90a."""
     gen = load_tool("gen_kernels")
     subset = [KernelConfig.parse(n) for n in ("bf16.d128.br128.bc64.w4.kv2", "fp16.d64.br128.bc64.w4")]
     jobs = [(s, "80") for s in gen.generate(str(tmp_path / "gen"), subset)]
     bwd = load_tool("gen_bwd_kernels")
     jobs += [(s, "80") for s in bwd.generate(str(tmp_path / "gen"), "bwd.bf16.d128.bc128.br64.w8.k32")]
     jobs += [(os.path.join(ROOT, f"csrc/cuda/sm90/{f}_sm90.cu"), "90a") for f in ("forward", "backward")]  # Hopper
-    jobs += [(os.path.join(ROOT, f"tools/{f}.cu"), "90a") for f in ("wgmma_rate", "cluster_occupancy")]
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda job: nvcc_compile(job[0], str(tmp_path), job[1]), jobs))
     for cmd, result in results:

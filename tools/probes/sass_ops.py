@@ -1,7 +1,7 @@
 """Opcode counts per kernel of a `cuobjdump -sass` listing, for the kernels whose (mangled) name contains
 every given substring: what a change did to the instructions (fences, barriers, HGMMA, TMA).
 
-    cuobjdump -sass flashop/_C_sm90*.so | python3 tools/sass_ops.py Li176ELb1ELb1ELb0ELb0ELi2ELb1E [--ops MEMBAR SYNCS]
+    cuobjdump -sass flashop/_C_sm90*.so | python3 tools/probes/sass_ops.py Li176ELb1ELb1ELb0ELb0ELi2ELb1E [--ops MEMBAR SYNCS]
 
 --order prints the selected opcodes in program order instead (runs of one opcode as "OP xN"), e.g. where
 the spill loads and stores (LDL, STL) sit between the HGMMAs and barriers of the main loop.

@@ -2,9 +2,9 @@
 CUDNN_ATTENTION backends (torch.profiler): which kernel of a backward (preprocess, main, dQ
 conversion, torch's own fills and copies) the time goes to.
 
-    python3 tools/kernel_breakdown.py --direction backward --headdim 128 --seqlens 1024 16384 --causal
-    python3 tools/kernel_breakdown.py --direction forward --headdim 64 --seqlens 1024 --causal \
-        --configs sm90.bf16.d64.br128.bc128.pers.lpt sm90.bf16.d64.br128.bc128.tmao   # + named configs
+    python3 tools/probes/kernel_breakdown.py --direction backward --headdim 128 --seqlens 1024 16384 --causal
+    python3 tools/probes/kernel_breakdown.py --direction forward --headdim 64 --seqlens 1024 --causal \
+        --configs NAME [NAME ...]   # also these configs, next to the policy's pick
 
 Same shapes as the benchmark: batch x seqlen = 32768 tokens, 2048 / headdim query heads.
 """

@@ -1,6 +1,6 @@
 """One attention problem run a few times, for Nsight Compute (tools/gpu_check.sh profile).
 
-    ncu -k regex:fwd_kernel_sm90 -s 2 -c 1 python3 tools/profile_case.py --config NAME --seqlen 8192
+    ncu -k regex:fwd_kernel_sm90 -s 2 -c 1 python3 tools/probes/profile_case.py --config NAME --seqlen 8192
 
 Same shapes as the benchmark: batch x seqlen = 32768 tokens, 2048 / headdim query heads.
 """

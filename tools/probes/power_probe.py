@@ -1,6 +1,6 @@
-"""SM clock and board power while one attention implementation runs back to back (tools/gpu_check.sh power).
+"""SM clock and board power while one attention implementation runs back to back.
 
-    python3 tools/power_probe.py --dtype bf16 --headdim 128 --seqlen 8192 --seconds 4
+    python3 tools/probes/power_probe.py --dtype bf16 --headdim 128 --seqlen 8192 --seconds 4
 
 Each implementation (flashop, cuDNN, flashop again; then a plain matmul for reference) runs alone for
 --seconds on the benchmark's shape (batch x seqlen = 32768 tokens, 2048 / headdim heads) while nvidia-smi

@@ -1,7 +1,7 @@
 """Per-instruction warp-stall listing from an Nsight Compute source page (tools/gpu_check.sh profile).
 
     ncu --import profile.ncu-rep --page source --csv --print-source sass > sass.csv
-    python3 tools/ncu_sass_listing.py sass.csv > profile_sass.txt
+    python3 tools/probes/ncu_sass_listing.py sass.csv > profile_sass.txt
 
 Prints the stall reasons summed over the kernel, the instructions with the most warp samples, then every
 instruction: address (last 5 hex digits), samples, times executed, SASS, its top two stall reasons.

@@ -1,0 +1,110 @@
+"""docs/benchmarks.md as flashop.bench renders it: from synthetic per-device JSON (values, ratios, summary,
+other devices kept on a re-run), and end to end from a tiny real CPU benchmark."""
+import json
+import os
+
+import pytest
+
+from flashop import bench
+
+BF16_D128_1K_FLOPS = 4.0 * 32 * 16 * 1024 * 1024 * 128  # 32 x 1024 tokens, 16 heads, non-causal forward
+
+
+def row(mode, seqlen, ms, dtype="bf16", d=128, causal=False):
+    batch, heads = 32768 // seqlen, 2048 // d
+    return dict(dtype=dtype, headdim=d, seqlen=seqlen, batch=batch, heads=heads, causal=causal, mode=mode, ms=ms)
+
+
+def gpu_report(flashop_1k_ms=1.0):
+    return {
+        "format": bench.REPORT_FORMAT, "device": "cuda", "name": "NVIDIA H100 80GB HBM3", "slug": "h100",
+        "date": "2000-01-01", "torch": "2.x", "cuda": "12.x", "cudnn": 90000, "tokens": 32768, "rounds": 3,
+        "peers": ["flash", "cudnn"], "config": None,
+        "results": [
+            row("fwd", 1024, {"flashop": flashop_1k_ms, "flash": 2.0, "cudnn": None}),  # cuDNN refused it
+            row("fwd", 2048, {"flashop": 2.0, "flash": 2.0, "cudnn": 1.0}),
+            row("bwd", 1024, {"flashop": 2.5, "flash": 5.0, "cudnn": 2.5}),
+            row("fwd+bwd", 1024, {"flashop": 4.0, "flash": 4.0, "cudnn": 8.0}),
+        ],
+    }
+
+
+def cpu_report():
+    return {
+        "format": bench.REPORT_FORMAT, "device": "cpu", "name": "Some CPU", "slug": "cpu", "date": "2000-01-02",
+        "torch": "2.x", "threads": 2, "tokens": 4096, "rounds": 1, "peers": ["torch"], "config": None,
+        "results": [row("fwd", 512, {"flashop": 10.0, "torch": 25.0}, dtype="fp32", d=64)],
+    }
+
+
+def table_rows(markdown, title):
+    """The body rows (cells) of the table under the `### title` heading."""
+    rows = []
+    for line in markdown.split(f"### {title}\n", 1)[1].splitlines():
+        if line.startswith("#"):
+            break
+        if line.startswith("|"):
+            rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows[2:] if rows[1][0].startswith("---") else rows[1:]
+
+
+def write(tmp_path, report):
+    with open(tmp_path / f"bench_{report['slug']}.json", "w") as f:
+        f.write(bench.report_json(report))
+
+
+def test_report_tables_from_json(tmp_path):
+    write(tmp_path, gpu_report())
+    write(tmp_path, cpu_report())
+    (tmp_path / "bench_other.json").write_text("[]")  # not a device report: ignored
+    md = open(bench.render_docs(str(tmp_path))).read()
+    assert md.startswith("# flashop benchmarks")
+    assert "## Method" in md and "4·B·Hq·Sq·Sk·D" in md
+    # GPUs first, then the CPU.
+    assert md.index("## NVIDIA H100 80GB HBM3") < md.index("## CPU: Some CPU")
+    assert "![NVIDIA H100 80GB HBM3](bench_h100.png)" in md and "(bench_cpu.png)" in md
+    gpu = md.split("## NVIDIA H100 80GB HBM3", 1)[1].split("## CPU:", 1)[0]
+    fwd = table_rows(gpu, "Forward")
+    tflops = f"{BF16_D128_1K_FLOPS / 1e-3 / 1e12:.1f}"
+    assert fwd[0] == ["bf16", "128", "False", "1024", "32x16", tflops, f"{BF16_D128_1K_FLOPS / 2e-3 / 1e12:.1f}", "-",
+                      "2.00", "-"]
+    assert fwd[1][-2:] == ["1.00", "0.50"]
+    bwd = table_rows(gpu, "Backward")
+    assert bwd[0][5] == f"{2.5 * BF16_D128_1K_FLOPS / 2.5e-3 / 1e12:.1f}" and bwd[0][-2:] == ["2.00", "1.00"]
+    both = table_rows(gpu, "Forward + backward")
+    assert both[0][-2:] == ["1.00", "2.00"]
+    # Summary: harmonic means over seqlens; fwd vs FA2 over 2.0 and 1.0 is 4/3, vs cuDNN only 0.5 counts.
+    summary = table_rows(gpu, "Summary")
+    assert summary == [["bf16", "128", "False", "1.33", "0.50", "2.00", "1.00", "1.00", "2.00"]]
+    cpu = md.split("## CPU: Some CPU", 1)[1]
+    assert "GFLOP/s" in cpu and "2 threads" in cpu
+    cpu_fwd = table_rows(cpu, "Forward")
+    assert cpu_fwd[0][-1] == "2.50" and cpu_fwd[0][4] == "64x32"
+
+
+def test_rerun_keeps_other_devices(tmp_path):
+    pytest.importorskip("matplotlib")
+    write(tmp_path, cpu_report())
+    bench.write_report(gpu_report(), str(tmp_path), "bench_h100", markdown=False)
+    bench.render_docs(str(tmp_path))
+    bench.write_report(gpu_report(flashop_1k_ms=0.5), str(tmp_path), "bench_h100", markdown=False)  # a re-run
+    md = open(bench.render_docs(str(tmp_path))).read()
+    assert md.count("## NVIDIA H100") == 1 and "## CPU: Some CPU" in md
+    assert table_rows(md.split("## CPU:")[0], "Forward")[0][-2] == "4.00"
+    assert os.path.getsize(tmp_path / "bench_h100.png") > 1000
+    assert json.load(open(tmp_path / "bench_h100.json"))["results"][0]["ms"]["flashop"] == 0.5
+
+
+def test_tiny_cpu_benchmark_end_to_end(tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("tqdm")
+    results = bench.main(["--device", "cpu", "--dtypes", "fp32", "--headdims", "64", "--seqlens", "128", "--modes",
+                          "fwd", "--causal", "false", "--tokens", "256", "--heads", "2", "--write-docs", str(tmp_path)])
+    assert len(results) == 1 and all(ms > 0 for ms in results[0].ms.values())
+    report = json.load(open(tmp_path / "bench_cpu.json"))
+    assert report["device"] == "cpu" and report["peers"] == ["torch"] and len(report["results"]) == 1
+    md = open(tmp_path / "benchmarks.md").read()
+    (fwd,) = table_rows(md, "Forward")
+    assert fwd[:5] == ["fp32", "64", "False", "128", "2x2"]
+    assert float(fwd[-1]) == pytest.approx(results[0].ms["torch"] / results[0].ms["flashop"], abs=0.01)
+    assert os.path.getsize(tmp_path / "bench_cpu.png") > 1000
