@@ -87,47 +87,6 @@
 #include "softmax.cuh"
 #include "wgmma.cuh"
 
-// A/B switches (see fwd_sm90_body), on unless built with them set to 0: the narrow last key tile,
-// the persistent kernel's ping-pong running on across tiles, its deferred O store wait and its second
-// Q buffer.
-#ifndef FLASHOP_SM90_NARROW_LAST
-#define FLASHOP_SM90_NARROW_LAST 1
-#endif
-#ifndef FLASHOP_SM90_TURNS_ACROSS_TILES
-#define FLASHOP_SM90_TURNS_ACROSS_TILES 1
-#endif
-// Persistent kernel with its own O tile: the wait for the O store's read of the staging moves from the
-// end of tile k's epilogue to the start of tile k+1's (see the epilogue).
-#ifndef FLASHOP_SM90_DEFER_STORE_WAIT
-#define FLASHOP_SM90_DEFER_STORE_WAIT 1
-#endif
-// Persistent kernel with its own O tile, where a second Q buffer fits: Q of tile k+1 loads during tile k.
-#ifndef FLASHOP_SM90_DOUBLE_Q
-#define FLASHOP_SM90_DOUBLE_Q 1
-#endif
-// The softmax of key tile j under this warpgroup's own P V of tile j-1 (see end_block_after). Off:
-// the kernels as ptxas schedules them unaided, the softmax after that P V, which measured 2-3% faster at
-// d128 8k (the softmax's register reads beside the register-A P V; H100, session 17).
-#ifndef FLASHOP_SM90_SOFTMAX_UNDER_PV
-#define FLASHOP_SM90_SOFTMAX_UNDER_PV 0
-#endif
-// Two consumer warpgroups: the next turn's K and V tested (mbarrier.test_wait) under the softmax, the
-// blocking waits only when they were not loaded yet (see the main loop; 0: always the blocking waits).
-#ifndef FLASHOP_SM90_EARLY_READY
-#define FLASHOP_SM90_EARLY_READY 1
-#endif
-// Persistent kernels in the plain tile order: the split tail (stream_k in FwdParams; 0 builds them
-// without it, and the launcher never asks for it).
-#ifndef FLASHOP_SM90_STREAM_K
-#define FLASHOP_SM90_STREAM_K 1
-#endif
-
-// One-tile-per-CTA kernels: the split last wave (split_pieces in FwdParams; 0 builds them without it,
-// and the launcher never asks for it).
-#ifndef FLASHOP_SM90_SPLIT_LAST_WAVE
-#define FLASHOP_SM90_SPLIT_LAST_WAVE 1
-#endif
-
 namespace flashop {
 namespace sm90 {
 
@@ -218,8 +177,8 @@ struct Sm90FwdTraits {
   // alternate between the two: the producer loads tile k+1's Q as soon as it has issued tile k's
   // last K/V load, two key tiles or more before the consumers need it, instead of after tile k's
   // last S (when the first consumer to finish tile k already wants it). Its own q_full / q_empty pair.
-  static constexpr bool kDoubleQ = kSeparateO && FLASHOP_SM90_DOUBLE_Q &&
-                                   3 * kQBytes + kKVRingBytes + 8 * (4 + 4 * kStages) + 1024 <= 227 * 1024;
+  static constexpr bool kDoubleQ =
+      kSeparateO && 3 * kQBytes + kKVRingBytes + 8 * (4 + 4 * kStages) + 1024 <= 227 * 1024;
   static constexpr int kQBuffers = kDoubleQ ? 2 : 1;
   // Persistent, O stored from registers ("pers.rego"): one Q buffer, loaded and released in two halves,
   // the 64 rows of each consumer warpgroup (the only rows its S wgmma reads), each with its own q_full /
@@ -233,13 +192,13 @@ struct Sm90FwdTraits {
   static constexpr int kQBoxRows = kQHalves ? 64 : kBlockM;
   // Split tail (non-causal, where the launcher asks for it; see fwd_sm90_body): the tiles of the last
   // two waves are shared out over the CTAs by key tiles. Persistent kernels in the plain tile order.
-  static constexpr bool kStreamK = kPersistent && !kLongestFirst && !kDynamic && FLASHOP_SM90_STREAM_K;
+  static constexpr bool kStreamK = kPersistent && !kLongestFirst && !kDynamic;
   // Split last wave (non-causal, where the launcher asks for it; see fwd_sm90_body): the last tiles run
   // as pieces of their key range, one CTA each. One-tile-per-CTA TMA-store kernels at one CTA per SM, d64
   // and d128: at d256 the build with it measured 1.6-2.7% slower in three of four cells (512 and 8k keys,
   // split or not; H100, docs/benchmarks.md "session 13"), so the d256 kernels are compiled without it.
   static constexpr bool kSplitTail =
-      !kPersistent && kTmaStore && kCtasPerSm == 1 && kHeadDim <= 128 && FLASHOP_SM90_SPLIT_LAST_WAVE;
+      !kPersistent && kTmaStore && kCtasPerSm == 1 && kHeadDim <= 128;
   static_assert(!kDynamic || (kPersistent && !kLongestFirst && kSeparateO),
                 "tiles taken at run time: the persistent kernel with its own O tile, in the plain tile order");
   // A part's partial result in the workspace, per CTA (kStreamK) or per piece (kSplitTail): for each
@@ -728,8 +687,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // is 0 (masked to -inf), so the skipped k-steps would have added 0.
   // Only for B_c > 128 (176, 192), where it was measured (+1% at 2k keys, d128, B_c = 192): the 128-key
   // builds measured 3-4% slower with it (d64 1k, d128 causal 2k-4k, H100) and keep the plain P V.
-  constexpr bool kNarrowLast = FLASHOP_SM90_NARROW_LAST && kBN > 128;
-  constexpr bool kSoftmaxUnderPV = FLASHOP_SM90_SOFTMAX_UNDER_PV;
+  constexpr bool kNarrowLast = kBN > 128;
   // S = Q K_j^T for this warpgroup's rows, always over the whole tile (a narrower S wgmma on the
   // last tile made ptxas serialise every wgmma of the kernel, C7511: the accumulator registers of
   // the alternative widths).
@@ -810,7 +768,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   constexpr int kWGs = T::kConsumerWGs;
   // One consumer warpgroup (B_r = 64): no turns to take.
   constexpr bool kTurns = T::kPingPong && kWGs > 1;
-  constexpr bool kTurnsAcrossTiles = kTurns && T::kPersistent && FLASHOP_SM90_TURNS_ACROSS_TILES;
+  constexpr bool kTurnsAcrossTiles = kTurns && T::kPersistent;
   static_assert(!kTurnsAcrossTiles || kWGs == 2, "the persistent kernel has two consumer warpgroups");
   auto wait_turn = [&]() {
     if constexpr (kTurns) {
@@ -829,7 +787,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
 
   // Only with the separate O tile: otherwise the staging is Q, which the producer needs back (q_empty)
   // as early as possible for the next tile's load.
-  constexpr bool kDeferStoreWait = T::kSeparateO && FLASHOP_SM90_DEFER_STORE_WAIT;
+  constexpr bool kDeferStoreWait = T::kSeparateO;
   // Persistent kernels whose O never touches Q (own O tile, or O stored from registers): a consumer
   // warp releases Q (q_empty) right after the wgmma that completes its last S of the tile.
   constexpr bool kQFreeAfterLastS = T::kSeparateO || T::kQHalves;
@@ -1003,7 +961,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       // waits run only if they were not there yet. Measured (H100, session 20): d128 +1-2% at 2k and 8k
       // keys (causal 2k level); d256 (B_c = 80) -1% and d64 with three warpgroups (which have the slack)
       // -2 to -4%, so those keep the blocking waits.
-      constexpr bool kEarlyReady = FLASHOP_SM90_EARLY_READY && kTurns && kWGs == 2 && kD <= 128;
+      constexpr bool kEarlyReady = kTurns && kWGs == 2 && kD <= 128;
       bool turn_ready = false;  // kEarlyReady: this turn's K and V found loaded during the last softmax
       for (int j = 1; j < n_tiles; ++j) {
         const auto g = g0 + j;  // K_j's load number; V_{j-1}'s is g - 1
@@ -1030,9 +988,6 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
         }
         mask(sacc, j);
         softmax(sacc, corr);
-        // Written after the softmax, the wait lands at its top all the same (ptxas); see
-        // FLASHOP_SM90_SOFTMAX_UNDER_PV for the build that keeps it below.
-        if constexpr (kSoftmaxUnderPV) end_block_after(l[1]);
         wgmma_wait<0>();    // PV done: O and P_{j-1} free again, and V_{j-1}'s slot
         fence_regs(o);
         release_kv(bar_empty_v(sp));
