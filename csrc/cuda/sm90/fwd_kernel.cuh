@@ -18,8 +18,8 @@
 //     end:     O += P_{n-1} V_{n-1}; arrive empty_v
 //   K and V have their own empty barriers: K_j's slot is free as soon as S_j
 //   is complete, so K_{j+2} loads under two iterations instead of under the
-//   tail of one (with one barrier per stage the slot waited for P_j V_j, and
-//   the consumers stalled on K; Nsight Compute, H200).
+//   tail of one (with one barrier per stage the slot would wait for P_j V_j,
+//   and the consumers would stall on K).
 //   [turn]/[pass]: named barriers 1/2 ping-pong the two consumers so one's
 //   softmax runs under the other's GEMMs.
 //   epilogue: O /= l, lse = m*scale + ln l;
@@ -95,8 +95,8 @@ template <bool kBf16_, int kHeadDim_, int kBlockM_, int kBlockN_, bool kPingPong
           bool kMulticast_ = false, int kCtasPerSm_ = 0, bool kDynamic_ = false>
 struct Sm90FwdTraits {
   static constexpr bool kBf16 = kBf16_;
-  // Named-barrier ping-pong between the consumer warpgroups (off: "nopp"
-  // variant, same loop without the turn barriers; an A/B and debugging aid).
+  // Named-barrier ping-pong between the consumer warpgroups (off: "nopp",
+  // the same loop without the turn barriers).
   static constexpr bool kPingPong = kPingPong_;
   // Epilogue through shared memory (the dead Q tile) and a TMA store ("tmao").
   static constexpr bool kTmaStore = kTmaStore_;
@@ -195,8 +195,7 @@ struct Sm90FwdTraits {
   static constexpr bool kStreamK = kPersistent && !kLongestFirst && !kDynamic;
   // Split last wave (non-causal, where the launcher asks for it; see fwd_sm90_body): the last tiles run
   // as pieces of their key range, one CTA each. One-tile-per-CTA TMA-store kernels at one CTA per SM, d64
-  // and d128: at d256 the build with it measured 1.6-2.7% slower in three of four cells (512 and 8k keys,
-  // split or not; H100, docs/benchmarks.md "session 13"), so the d256 kernels are compiled without it.
+  // and d128 (d256 is built without it: 1.6-2.7% slower with it, H100).
   static constexpr bool kSplitTail =
       !kPersistent && kTmaStore && kCtasPerSm == 1 && kHeadDim <= 128;
   static_assert(!kDynamic || (kPersistent && !kLongestFirst && kSeparateO),
@@ -663,9 +662,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   setmaxnreg_inc<T::kConsumerRegs>();
   // Consumer index: rows 64c .. 64c+63 of the tile. Persistent kernels broadcast it from lane 0 so that ptxas
   // knows it is warp-uniform (it cannot tell from threadIdx.x / 128): the Q descriptors and barrier addresses
-  // derived from it then live in uniform registers, which took the "pers.rego" main loop's spills away (104
-  // bytes, 7 local loads per key tile). The one-tile kernels keep the plain index: with the broadcast, the d256
-  // B_c = 80 multicast kernel measured 2% slower at 8k keys (docs/hopper.md, session 16).
+  // derived from it then live in uniform registers (without it the "pers.rego" main loop spills). The
+  // one-tile kernels keep the plain index (the broadcast costs the d256 B_c = 80 multicast kernel 2% at 8k).
   const int c = T::kPersistent ? __shfl_sync(0xffffffffu, wg, 0) - 1 : wg - 1;
   const int ctid = tid - 128 * wg;   // 0..127 within the warpgroup
   const int warp = ctid / 32;
@@ -685,8 +683,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   // in 192-key tiles: 11 tiles, the last with 128). There P V runs only over the 64-key blocks that
   // hold a key some row of this warpgroup sees (64, 128 or B_c keys): the P of every key past them
   // is 0 (masked to -inf), so the skipped k-steps would have added 0.
-  // Only for B_c > 128 (176, 192), where it was measured (+1% at 2k keys, d128, B_c = 192): the 128-key
-  // builds measured 3-4% slower with it (d64 1k, d128 causal 2k-4k, H100) and keep the plain P V.
+  // Only for B_c > 128 (176, 192; +1% at 2k keys, d128 B_c = 192): the 128-key kernels keep the plain
+  // P V (3-4% slower with the narrow one, H100).
   constexpr bool kNarrowLast = kBN > 128;
   // S = Q K_j^T for this warpgroup's rows, always over the whole tile (a narrower S wgmma on the
   // last tile made ptxas serialise every wgmma of the kernel, C7511: the accumulator registers of
@@ -958,9 +956,8 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       // Two consumer warpgroups: each one's softmax must end within the other's GEMMs, and the blocking
       // waits for K_j and V_{j-1} before its turn add their latency to that path. So K_{j+1} and V_j are
       // tested (without blocking) right after S_j, the result hidden under the softmax, and the blocking
-      // waits run only if they were not there yet. Measured (H100, session 20): d128 +1-2% at 2k and 8k
-      // keys (causal 2k level); d256 (B_c = 80) -1% and d64 with three warpgroups (which have the slack)
-      // -2 to -4%, so those keep the blocking waits.
+      // waits run only if they were not there yet (d128 +1-2%; d256 and three-warpgroup d64, which have
+      // the slack, keep the blocking waits: 1-4% slower with the test, H100).
       constexpr bool kEarlyReady = kTurns && kWGs == 2 && kD <= 128;
       bool turn_ready = false;  // kEarlyReady: this turn's K and V found loaded during the last softmax
       for (int j = 1; j < n_tiles; ++j) {
@@ -1055,7 +1052,7 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
       const uint32_t stage = (T::kSeparateO ? base + T::kOOff : sQ) + c * T::kOStageBytes;
       // Deferred store wait (persistent, own O tile): the previous tile's store of this warpgroup
       // may still be reading the staging; wait here, just before it is written again, rather than
-      // at the end of that tile's epilogue, where the wait held the warpgroup (and, through the
+      // at the end of that tile's epilogue, where the wait would hold the warpgroup (and, through the
       // ping-pong, the other one's next turn) off the tensor cores for the store's whole read.
       if constexpr (kDeferStoreWait) {
         if (ctid == 0) tma_store_wait_read<0>();
