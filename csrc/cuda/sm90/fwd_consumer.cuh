@@ -3,6 +3,8 @@
 // warpgroup so that one's softmax runs under the other's GEMMs; then the epilogue (fwd_epilogue.cuh).
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "../fwd_params.h"

@@ -3,6 +3,7 @@
 // (unnormalised O, running max and sum) written to and merged from a global workspace.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

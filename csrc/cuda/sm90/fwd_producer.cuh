@@ -34,7 +34,10 @@
 //   (k / 2 - 1) & 1 before it reloads the buffer (k >= 2), and the argument above
 //   holds per buffer. q_empty then only means "tile k's last S is complete" (the
 //   O staging has its own tile), so the producer issues Q_k first, right after
+//   tile k-1's last K/V load.
 #pragma once
+
+#include <cuda.h>
 
 #include <cstdint>
 
