@@ -9,8 +9,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "fwd_kernel.cuh"
 #include "registry_sm90.cuh"
@@ -74,7 +72,6 @@ StreamKPlan stream_k_plan(const FwdParams& p, int64_t tiles, int grid) {
 // last wave): it gains what the model says, less ~0.3 of a round, where the last round is partly empty,
 // and nothing where a long grid ends a few tiles past whole rounds (the hardware's dispatch already
 // leaves that end ragged).
-// FLASHOP_SM90_SPLIT_LAST_WAVE=0 in the environment turns it off (A/B runs).
 constexpr double kSplitFixed = 1.5, kSplitMerge = 0.25;
 constexpr int kSplitMaxPieces = 32;
 constexpr int64_t kSplitMaxWorkspace = int64_t(64) << 20;
@@ -90,11 +87,6 @@ template <class T>
 cudaError_t split_tail_plan(const FwdParams& p, SplitTailPlan* plan) {
   *plan = SplitTailPlan{};
   if (!T::kSplitTail || p.causal || p.seqlen_k <= 0) return cudaSuccess;
-  static const bool disabled = [] {
-    const char* env = std::getenv("FLASHOP_SM90_SPLIT_LAST_WAVE");
-    return env != nullptr && std::strcmp(env, "0") == 0;
-  }();
-  if (disabled) return cudaSuccess;
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);

@@ -250,24 +250,6 @@ __device__ __forceinline__ void wgmma_wait() {
 #endif
 }
 
-// ptxas schedules a wgmma.wait_group as early as the instructions before it allow, and plain register
-// arithmetic does not hold it back: a wait written after the online softmax lands at the softmax's top,
-// so the softmax runs after the wgmmas it was written to overlap (seen in the SASS of every forward
-// kernel). A branch on a value that arithmetic produces ends the basic block there, and the wait stays
-// below it. `x` is >= 0 or NaN (a row sum), so the branch is never taken; its target is a no-op anyway.
-__device__ __forceinline__ void end_block_after(float x) {
-#ifdef FLASHOP_SM90_ENABLED
-  asm volatile(
-      "{\n"
-      " .reg .pred negative;\n"
-      " setp.lt.f32 negative, %0, 0f00000000;\n"
-      " @!negative bra done;\n"
-      " nanosleep.u32 0;\n"
-      " done:\n"
-      "}" ::"f"(x));
-#endif
-}
-
 // Two fp32 values as one 32-bit register of 16-bit elements (lo in the low half): wgmma A fragments.
 template <bool kBf16>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {

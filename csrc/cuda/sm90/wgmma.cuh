@@ -10,10 +10,9 @@
 //                   = 1: B is MN-major (K rows of N contiguous elements).
 //
 // Why macros: inline asm takes neither a pack expansion in its operand list nor symbolic operand
-// names in nvcc (both tried: "expected a )" / "symbolic operand reference not supported"), and the
+// names in nvcc ("expected a )" / "symbolic operand reference not supported"), and the
 // instruction names every accumulator register, so the text and the operand list of each width
-// are spelled by the macros below and the templates pick them with if constexpr. The PTX text is
-// character for character what the former per-width functions emitted (same SASS).
+// are spelled by the macros below and the templates pick them with if constexpr.
 #pragma once
 #include <cstdint>
 
