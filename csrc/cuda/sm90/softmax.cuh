@@ -1,6 +1,6 @@
 // The forward's online softmax on a warpgroup's m64 x N wgmma accumulator, in registers: each thread holds
 // two rows (h = 0: r, h = 1: r + 8) of its quad, d[4i + 2h] and d[4i + 2h + 1] for n8 block i (wgmma.cuh).
-// Shared by fwd_kernel.cuh and tools/wgmma_rate.cu (the kernel's loop without loads), so the two stay the
+// Shared by fwd_kernel.cuh and tools/probes/wgmma_rate.cu (the kernel's loop without loads), so the two stay the
 // same code.
 #pragma once
 
