@@ -15,7 +15,8 @@ Flags (pipeline options), always in this order when present:
            under softmax + P V_j (two barriers per key tile).
     qreg   Q's mma fragments stay in registers for the whole key loop instead
            of being re-read from shared memory for every key tile.
-    noswz  no XOR swizzle of shared tiles (ablation: ldmatrix bank conflicts).
+    noswz  no XOR swizzle of shared tiles (ldmatrix bank conflicts; in no list
+           below, built only when named in FLASHOP_KERNELS).
 
 Building only a subset: ``FLASHOP_KERNELS`` is a comma-separated list of
 fnmatch patterns over config names, e.g. ``FLASHOP_KERNELS='bf16.d128.*'`` or
@@ -259,19 +260,7 @@ _FORWARD_SHAPES = (
     (256, 64, 64, 4, "kv2"),
 )
 
-# Ablation configs (bf16, d128 only): bf16.d128.br64.bc64.w4 (built above)
-# with one option changed, so the benchmark can show what each is worth. (On
-# br128.bc64.w4, which sits at 255 registers, noswz would also spill and muddy
-# the comparison.)
-_ABLATION_SHAPES = (
-    (128, 64, 64, 4, "noswz"),
-    (128, 64, 64, 4, "qreg"),
-)
-
-FORWARD_CONFIGS: tuple = tuple(
-    [_cfg(dt, *shape) for dt in DTYPES for shape in _FORWARD_SHAPES]
-    + [_cfg("bf16", *shape) for shape in _ABLATION_SHAPES]
-)
+FORWARD_CONFIGS: tuple = tuple(_cfg(dt, *shape) for dt in DTYPES for shape in _FORWARD_SHAPES)
 
 
 def _split_patterns(value: str) -> list:
@@ -668,8 +657,7 @@ class HopperConfig:
 # others are tuner candidates. d256 (B_c = 64: Q 64 KiB + 2 stages x (K + V) 32 KiB each fit the 227 KiB)
 # is listed after the others.
 HOPPER_FORWARD_CONFIGS = tuple(
-    HopperConfig(dtype, d, pingpong=pp) for dtype in DTYPES for d in (64, 128) for pp in (True, False)
-    if pp or dtype == "bf16") + tuple(
+    HopperConfig(dtype, d) for dtype in DTYPES for d in (64, 128)) + tuple(
     HopperConfig(dtype, d, tma_store=True, persistent=pers) for pers in (False, True) for dtype in DTYPES
     for d in (64, 128)) + tuple(
     HopperConfig(dtype, 256, block_n=64, tma_store=tmao, persistent=pers)

@@ -39,8 +39,6 @@ CONFIGS = [
     "sm90.fp16.d128.br128.bc128",
     "sm90.bf16.d64.br128.bc128",
     "sm90.fp16.d64.br128.bc128",
-    "sm90.bf16.d128.br128.bc128.nopp",
-    "sm90.bf16.d64.br128.bc128.nopp",
     # O through shared memory + TMA store
     "sm90.bf16.d128.br128.bc128.tmao",
     "sm90.fp16.d128.br128.bc128.tmao",

@@ -255,8 +255,6 @@ using Bf16D64 = Sm90FwdTraits<true, 64, 128, 128>;
 using Fp16D64 = Sm90FwdTraits<false, 64, 128, 128>;
 using Bf16D128 = Sm90FwdTraits<true, 128, 128, 128>;
 using Fp16D128 = Sm90FwdTraits<false, 128, 128, 128>;
-using Bf16D128NoPP = Sm90FwdTraits<true, 128, 128, 128, false>;
-using Bf16D64NoPP = Sm90FwdTraits<true, 64, 128, 128, false>;
 // O through shared memory and a TMA store ("tmao"); persistent tile scheduler ("pers").
 using Bf16D128Tmao = Sm90FwdTraits<true, 128, 128, 128, true, true>;
 using Fp16D128Tmao = Sm90FwdTraits<false, 128, 128, 128, true, true>;
@@ -349,9 +347,6 @@ const Sm90FwdKernel kKernels[] = {
     entry<Fp16D128>("sm90.fp16.d128.br128.bc128"),
     entry<Bf16D64>("sm90.bf16.d64.br128.bc128"),
     entry<Fp16D64>("sm90.fp16.d64.br128.bc128"),
-    // without the consumer ping-pong barriers (A/B, debugging)
-    entry<Bf16D128NoPP>("sm90.bf16.d128.br128.bc128.nopp"),
-    entry<Bf16D64NoPP>("sm90.bf16.d64.br128.bc128.nopp"),
     // The policy's picks on compute capability 9.0 (flashop/dispatch.py): the
     // TMA-store configs below, one tile per CTA; the others are tuner candidates.
     entry<Bf16D128Tmao>("sm90.bf16.d128.br128.bc128.tmao"),
