@@ -7,10 +7,6 @@ Environment:
                          (wgmma + TMA, sm_90a only) is built too
   FLASHOP_KERNELS        comma-separated patterns of forward kernel configs to build (see flashop/configs.py)
   FLASHOP_BWD_KERNELS    the same for the backward kernels (names bwd.<dtype>.d<D>..., tools/gen_bwd_kernels.py)
-  FLASHOP_SM90_NVCC_FLAGS extra nvcc flags for the Hopper module only, e.g. "-DNAME=1" for a kernel
-                         experiment (tools/gpu_check.sh abbuild builds and times both sides)
-  FLASHOP_SM90_ONLY=1    build flashop._C_sm90 alone (a kernel experiment's rebuild; flashop._C must already
-                         be built in place)
   MAX_JOBS               parallel compile jobs (ninja)
 """
 import glob
@@ -69,7 +65,7 @@ def hopper_extension():
     sources = ["csrc/checks.cpp", "csrc/cuda/sm90/forward_sm90.cu", "csrc/cuda/sm90/backward_sm90.cu",
                "csrc/cuda/sm90/bindings_sm90.cpp"]
     nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr",
-            "-gencode=arch=compute_90a,code=sm_90a"] + os.environ.get("FLASHOP_SM90_NVCC_FLAGS", "").split()
+            "-gencode=arch=compute_90a,code=sm_90a"]
     return CUDAExtension("flashop._C_sm90", sources, include_dirs=[os.path.join(ROOT, "csrc")],
                          extra_compile_args={"cxx": ["-O3", "-std=c++17"], "nvcc": nvcc},
                          extra_link_args=PRIVATE_STATIC_LIBS)
@@ -117,10 +113,7 @@ def extension():
 
 
 def ext_modules():
-    hopper = [hopper_extension()] if want_cuda() and "90" in cuda_archs() else []
-    if os.environ.get("FLASHOP_SM90_ONLY") == "1":
-        return hopper
-    return [extension()] + hopper
+    return [extension()] + ([hopper_extension()] if want_cuda() and "90" in cuda_archs() else [])
 
 
 def main():
