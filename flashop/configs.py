@@ -446,7 +446,7 @@ BACKWARD_CONFIGS = [_bwd_cfg(dt, *row) for row in _BACKWARD_SHAPES for dt in ("b
 #
 # Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.mc][.tmao|.pers[.lpt|.dyn|.rego]]. wgmma + TMA, one producer and two
 # consumer warpgroups; "nopp" drops the ping-pong barriers that let one consumer's softmax run under the other's
-# GEMMs; "st3" gives the K/V ring 3 stages instead of 2;
+# GEMMs (in no list, built only when named in FLASHOP_KERNELS); "st3" gives the K/V ring 3 stages instead of 2;
 # "tmao" writes O through shared memory (the dead Q tile) with a TMA store; "pers" is the persistent kernel
 # (one CTA per SM walking the tiles; it uses the TMA store, so "pers" implies "tmao", except "pers.rego", which
 # stores O from registers and loads and frees Q by halves, one per consumer warpgroup); "pers.lpt" walks
