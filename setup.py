@@ -5,12 +5,9 @@ Environment:
   FLASHOP_CUDA=0/1       force the CUDA build off/on (default: on when torch has CUDA and nvcc is found)
   FLASHOP_CUDA_ARCHS     mma.sync targets, e.g. "80;90" (default); with 90 the Hopper module flashop._C_sm90
                          (wgmma + TMA, sm_90a only) is built too
-  FLASHOP_KERNELS        comma-separated patterns of forward kernel configs to build (see flashop/configs.py)
-  FLASHOP_BWD_KERNELS    the same for the backward kernels (names bwd.<dtype>.d<D>..., tools/gen_bwd_kernels.py)
-  FLASHOP_SM90_NVCC_FLAGS extra nvcc flags for the Hopper module only, e.g. "-DNAME=1" for a kernel
-                         experiment (tools/gpu_check.sh abbuild builds and times both sides)
-  FLASHOP_SM90_ONLY=1    build flashop._C_sm90 alone (a kernel experiment's rebuild; flashop._C must already
-                         be built in place)
+  FLASHOP_KERNELS        comma-separated patterns of forward kernel configs to build, mma.sync and Hopper
+                         (e.g. "bf16.d128.*,sm90.bf16.d128.*"; see flashop/configs.py)
+  FLASHOP_BWD_KERNELS    the same for the backward kernels (names bwd.<dtype>.d<D>..., sm90.bwd.<dtype>...)
   MAX_JOBS               parallel compile jobs (ninja)
 """
 import glob
@@ -61,15 +58,22 @@ def cpu_isa_flags():
     return []
 
 
+def generated_sources(module):
+    """The generated instantiation and registry files of an extension module (tools/codegen.py), relative
+    to the repository root, written (or left alone when unchanged) under csrc/cuda/instantiations."""
+    codegen = load_by_path("flashop_codegen", "tools/codegen.py")
+    paths = codegen.generate(os.path.join(ROOT, "csrc/cuda/instantiations"), codegen.MODULES[module])
+    return sorted(os.path.relpath(p, ROOT) for p in paths)
+
+
 def hopper_extension():
     """flashop._C_sm90: the wgmma + TMA forward and backward kernels, built for sm_90a only (a separate
     module, so the mma.sync sources keep their own targets). Built when the CUDA build targets sm_90."""
     from torch.utils.cpp_extension import CUDAExtension
 
-    sources = ["csrc/checks.cpp", "csrc/cuda/sm90/forward_sm90.cu", "csrc/cuda/sm90/backward_sm90.cu",
-               "csrc/cuda/sm90/bindings_sm90.cpp"]
+    sources = ["csrc/checks.cpp", "csrc/cuda/sm90/bindings_sm90.cpp"] + generated_sources("flashop._C_sm90")
     nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr",
-            "-gencode=arch=compute_90a,code=sm_90a"] + os.environ.get("FLASHOP_SM90_NVCC_FLAGS", "").split()
+            "-gencode=arch=compute_90a,code=sm_90a"]
     return CUDAExtension("flashop._C_sm90", sources, include_dirs=[os.path.join(ROOT, "csrc")],
                          extra_compile_args={"cxx": ["-O3", "-std=c++17"], "nvcc": nvcc},
                          extra_link_args=PRIVATE_STATIC_LIBS)
@@ -96,14 +100,7 @@ def extension():
         return CppExtension("flashop._C", sources, extra_compile_args={"cxx": cxx},
                             extra_link_args=["-fopenmp"] + PRIVATE_STATIC_LIBS)
 
-    configs = load_by_path("flashop_configs", "flashop/configs.py")
-    generator = load_by_path("flashop_gen_kernels", "tools/gen_kernels.py")
-    bwd_generator = load_by_path("flashop_gen_bwd_kernels", "tools/gen_bwd_kernels.py")
-    out_dir = os.path.join(ROOT, "csrc/cuda/instantiations")
-    generated = generator.generate(out_dir, configs.selected_configs())
-    generated += bwd_generator.generate(out_dir, os.environ.get("FLASHOP_BWD_KERNELS") or None)
-    sources += ["csrc/cuda/forward_cuda.cpp", "csrc/cuda/backward_cuda.cpp"]
-    sources += sorted(os.path.relpath(p, ROOT) for p in generated)
+    sources += ["csrc/cuda/forward_cuda.cpp", "csrc/cuda/backward_cuda.cpp"] + generated_sources("flashop._C")
     archs = cuda_archs()
     nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr"]
     nvcc += [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs if a]
@@ -117,10 +114,7 @@ def extension():
 
 
 def ext_modules():
-    hopper = [hopper_extension()] if want_cuda() and "90" in cuda_archs() else []
-    if os.environ.get("FLASHOP_SM90_ONLY") == "1":
-        return hopper
-    return [extension()] + hopper
+    return [extension()] + ([hopper_extension()] if want_cuda() and "90" in cuda_archs() else [])
 
 
 def main():

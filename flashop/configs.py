@@ -15,14 +15,23 @@ Flags (pipeline options), always in this order when present:
            under softmax + P V_j (two barriers per key tile).
     qreg   Q's mma fragments stay in registers for the whole key loop instead
            of being re-read from shared memory for every key tile.
-    noswz  no XOR swizzle of shared tiles (ablation: ldmatrix bank conflicts).
+    noswz  no XOR swizzle of shared tiles (ldmatrix bank conflicts; in no list
+           below, built only when named in FLASHOP_KERNELS).
 
-Building only a subset: ``FLASHOP_KERNELS`` is a comma-separated list of
-fnmatch patterns over config names, e.g. ``FLASHOP_KERNELS='bf16.d128.*'`` or
-``'*.d64.br128.bc128.w4,*.d128.*'``. Unset or empty means every config in
-:data:`FORWARD_CONFIGS`. A pattern without wildcards that is a valid config
-name selects that config even if it is not in the default list. A pattern that
-selects nothing is an error (it is almost always a typo).
+The lists of configs to build are :data:`FORWARD_CONFIGS` and
+:data:`BACKWARD_CONFIGS` (mma.sync, flashop._C) and :data:`HOPPER_FORWARD_CONFIGS`
+and :data:`HOPPER_BACKWARD_CONFIGS` (wgmma + TMA, flashop._C_sm90);
+tools/codegen.py writes one instantiation file per config and the registry
+tables from them.
+
+Building only a subset: ``FLASHOP_KERNELS`` (forward configs, both families)
+and ``FLASHOP_BWD_KERNELS`` (backward configs, both families) are
+comma-separated lists of fnmatch patterns over config names, e.g.
+``FLASHOP_KERNELS='bf16.d128.*,sm90.bf16.d128.*'`` or
+``'*.d64.br128.bc128.w4,*.d128.*'``. Unset or empty means every listed config.
+A pattern without wildcards that is a valid config name selects that config
+even if it is not in the default list. A pattern that selects nothing is an
+error (it is almost always a typo). :func:`select` is the one rule for all.
 
 This module imports only the standard library: setup.py loads it by file path
 before the extension exists (possibly without registering it in sys.modules,
@@ -33,7 +42,7 @@ with string annotations looks its module up there).
 import fnmatch
 import os
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Mapping
 
 __all__ = [
     "DTYPES",
@@ -42,13 +51,16 @@ __all__ = [
     "MAX_SMEM_BYTES",
     "KernelConfig",
     "FORWARD_CONFIGS",
-    "selected_configs",
     "BackwardConfig",
     "BACKWARD_CONFIGS",
     "parse_backward",
-    "select_backward",
+    "HopperConfig",
+    "HOPPER_FORWARD_CONFIGS",
     "HopperBackwardConfig",
     "HOPPER_BACKWARD_CONFIGS",
+    "parse_name",
+    "select",
+    "selected",
 ]
 
 DTYPES = ("fp16", "bf16")
@@ -61,6 +73,7 @@ FLAGS = ("kv2", "qreg", "noswz")
 MAX_SMEM_BYTES = 227 * 1024
 ELEMENT_BYTES = 2  # fp16 / bf16
 ENV_VAR = "FLASHOP_KERNELS"
+BWD_ENV_VAR = "FLASHOP_BWD_KERNELS"
 
 
 @dataclass(frozen=True)
@@ -259,65 +272,7 @@ _FORWARD_SHAPES = (
     (256, 64, 64, 4, "kv2"),
 )
 
-# Ablation configs (bf16, d128 only): bf16.d128.br64.bc64.w4 (built above)
-# with one option changed, so the benchmark can show what each is worth. (On
-# br128.bc64.w4, which sits at 255 registers, noswz would also spill and muddy
-# the comparison.)
-_ABLATION_SHAPES = (
-    (128, 64, 64, 4, "noswz"),
-    (128, 64, 64, 4, "qreg"),
-)
-
-FORWARD_CONFIGS: tuple = tuple(
-    [_cfg(dt, *shape) for dt in DTYPES for shape in _FORWARD_SHAPES]
-    + [_cfg("bf16", *shape) for shape in _ABLATION_SHAPES]
-)
-
-
-def _split_patterns(value: str) -> list:
-    return [p.strip() for p in value.split(",") if p.strip()]
-
-
-def selected_configs(
-    env: Mapping[str, str] | None = None, configs: Iterable[KernelConfig] | None = None
-) -> list:
-    """The configs to build: those of ``configs`` (default FORWARD_CONFIGS) whose
-    name matches a pattern of ``env['FLASHOP_KERNELS']``; all of them when the
-    variable is unset or empty. Order follows ``configs``, then extra exact names.
-    """
-    if env is None:
-        env = os.environ
-    pool = list(FORWARD_CONFIGS if configs is None else configs)
-    patterns = _split_patterns(env.get(ENV_VAR, "") or "")
-    if not patterns:
-        return pool
-    chosen: list = []
-    seen = set()
-    unmatched = []
-    for pat in patterns:
-        hits = [c for c in pool if fnmatch.fnmatchcase(c.name, pat)]
-        if not hits and not any(ch in pat for ch in "*?["):
-            try:
-                hits = [KernelConfig.parse(pat)]
-            except ValueError as e:
-                raise ValueError(
-                    f"{ENV_VAR}: {pat!r} matches no config of FORWARD_CONFIGS and is not a "
-                    f"valid config name either ({e})"
-                ) from None
-        if not hits:
-            unmatched.append(pat)
-        for c in hits:
-            if c.name not in seen:
-                seen.add(c.name)
-                chosen.append(c)
-    if unmatched:
-        raise ValueError(
-            f"{ENV_VAR}: pattern(s) {', '.join(repr(p) for p in unmatched)} match no kernel "
-            f"config; available: {', '.join(c.name for c in pool)}"
-        )
-    order = {c.name: i for i, c in enumerate(pool)}
-    chosen.sort(key=lambda c: order.get(c.name, len(order)))
-    return chosen
+FORWARD_CONFIGS: tuple = tuple(_cfg(dt, *shape) for dt in DTYPES for shape in _FORWARD_SHAPES)
 
 
 # ---------------------------------------------------------------- backward kernels
@@ -487,27 +442,11 @@ _BACKWARD_SHAPES = [
 BACKWARD_CONFIGS = [_bwd_cfg(dt, *row) for row in _BACKWARD_SHAPES for dt in ("bf16", "fp16")]
 
 
-def _matches_backward(name: str, names_filter) -> bool:
-    if names_filter is None:
-        return True
-    if callable(names_filter):
-        return bool(names_filter(name))
-    if isinstance(names_filter, str):
-        names_filter = [p for p in names_filter.split(",") if p.strip()]
-    return any(fnmatch.fnmatchcase(name, p.strip()) for p in names_filter)
-
-
-def select_backward(names_filter=None, configs=None) -> list:
-    """Configs (default BACKWARD_CONFIGS) whose name matches names_filter: None (all),
-    a comma-separated string or an iterable of fnmatch patterns, or a predicate."""
-    return [c for c in (BACKWARD_CONFIGS if configs is None else configs) if _matches_backward(c.name, names_filter)]
-
-
 # ---------------------------------------------------------------- Hopper forward kernels (flashop._C_sm90)
 #
 # Names: sm90.<dtype>.d<D>.br<B_r>.bc<B_c>[.nopp][.st3][.mc][.tmao|.pers[.lpt|.dyn|.rego]]. wgmma + TMA, one producer and two
 # consumer warpgroups; "nopp" drops the ping-pong barriers that let one consumer's softmax run under the other's
-# GEMMs; "st3" gives the K/V ring 3 stages instead of 2;
+# GEMMs (in no list, built only when named in FLASHOP_KERNELS); "st3" gives the K/V ring 3 stages instead of 2;
 # "tmao" writes O through shared memory (the dead Q tile) with a TMA store; "pers" is the persistent kernel
 # (one CTA per SM walking the tiles; it uses the TMA store, so "pers" implies "tmao", except "pers.rego", which
 # stores O from registers and loads and frees Q by halves, one per consumer warpgroup); "pers.lpt" walks
@@ -618,15 +557,15 @@ class HopperConfig:
     def split_tail(self) -> bool:
         """The persistent kernel in the plain tile order (not longest-first) shares the tiles of the last two
         waves out over all CTAs by key tiles when the tiles leave the last wave at least 1% idle (non-causal;
-        Sm90FwdTraits::kStreamK, forward_sm90.cu stream_k_plan)."""
+        Sm90FwdTraits::kStreamK, fwd_launch.cuh stream_k_plan)."""
         return self.persistent and not self.longest_first and not self.dynamic
 
     @property
     def split_last_wave(self) -> bool:
         """The one-tile-per-CTA TMA-store kernels at one CTA per SM run the tiles that would leave the last
         wave partly idle as pieces of their key range, one CTA per piece, when a model of the schedule says
-        it saves at least 1% (non-causal; Sm90FwdTraits::kSplitTail, forward_sm90.cu split_tail_plan). Not at
-        d256, where the build with it measured slower (docs/benchmarks.md, session 13)."""
+        it saves at least 1% (non-causal; Sm90FwdTraits::kSplitTail, fwd_launch.cuh split_tail_plan). Not at
+        d256, where the build with it measured 1.6-2.7% slower (H100)."""
         return self.tma_store and not self.persistent and self.ctas_per_sm == 1 and self.headdim <= 128
 
     def smem_bytes(self) -> int:
@@ -664,44 +603,46 @@ class HopperConfig:
         return config
 
 
-# The policy picks the one-tile-per-CTA TMA-store ("tmao") config of a dtype and headdim (dispatch.py); the
-# others are tuner candidates. d256 (B_c = 64: Q 64 KiB + 2 stages x (K + V) 32 KiB each fit the 227 KiB)
-# is listed after the others.
-HOPPER_FORWARD_CONFIGS = tuple(
-    HopperConfig(dtype, d, pingpong=pp) for dtype in DTYPES for d in (64, 128) for pp in (True, False)
-    if pp or dtype == "bf16") + tuple(
-    HopperConfig(dtype, d, tma_store=True, persistent=pers) for pers in (False, True) for dtype in DTYPES
-    for d in (64, 128)) + tuple(
-    HopperConfig(dtype, 256, block_n=64, tma_store=tmao, persistent=pers)
-    for tmao, pers in ((False, False), (True, False), (True, True)) for dtype in DTYPES) + tuple(
-    # d128 with B_c = 176 (FlashAttention-3's non-causal d128 tile), TMA-store and persistent variants only.
-    HopperConfig(dtype, 128, block_n=176, tma_store=True, persistent=pers) for pers in (False, True)
-    for dtype in DTYPES) + tuple(
-    # The persistent kernel with the longest-first tile order ("pers.lpt"). The registry table in
-    # csrc/cuda/sm90/forward_sm90.cu lists the same names in the same order.
-    HopperConfig(dtype, d, block_n=bc, tma_store=True, persistent=True, longest_first=True)
-    for d, bc in ((128, 128), (128, 176), (256, 64), (64, 128)) for dtype in DTYPES) + tuple(
-    # One tile per CTA with a 3-stage K/V ring (fits at B_c = 128 for d64/d128; tuner candidates).
-    HopperConfig(dtype, d, tma_store=True, stages=3) for d in (128, 64) for dtype in DTYPES) + tuple(
-    # d256 with B_c = 80 (FlashAttention-3's d256 tile; 230 472 bytes of shared memory), one tile per CTA.
-    HopperConfig(dtype, 256, block_n=80, tma_store=True) for dtype in DTYPES) + tuple(
-    # d64 with B_r = 192 (three consumer warpgroups; FlashAttention-3's d64 tile), one tile per CTA.
-    HopperConfig(dtype, 64, block_m=192, tma_store=True) for dtype in DTYPES) + tuple(
-    # K/V multicast to clusters of two CTAs ("mc.tmao"), in the registry's order.
-    HopperConfig(dtype, d, block_m=bm, block_n=bc, tma_store=True, multicast=True)
-    for d, bm, bc in ((128, 128, 176), (128, 128, 128), (256, 128, 80), (64, 192, 128)) for dtype in DTYPES) + tuple(
-    # 64 query rows per CTA, two CTAs per SM ("br64"): d64 at B_c = 128 and 64, d128 at B_c = 64.
-    HopperConfig(dtype, d, block_m=64, block_n=bc, tma_store=True) for d, bc in ((64, 128), (128, 64), (64, 64))
-    for dtype in DTYPES) + tuple(
-    # Three CTAs per SM ("cta3"): d64, B_r = B_c = 64.
-    HopperConfig(dtype, 64, block_m=64, block_n=64, tma_store=True, three_ctas=True) for dtype in DTYPES) + tuple(
-    # d128 with B_c = 192 (224 KiB of tiles), one tile per CTA, and its multicast build.
-    HopperConfig(dtype, 128, block_n=192, tma_store=True, multicast=mc) for mc in (False, True) for dtype in DTYPES) + tuple(
-    # Persistent with tiles taken at run time ("pers.dyn"), where the kernel has its own O tile.
-    HopperConfig(dtype, d, tma_store=True, persistent=True, dynamic=True) for d in (128, 64) for dtype in DTYPES) + tuple(
-    # Persistent d128 with B_c = 192, O stored from registers ("pers.rego").
-    HopperConfig(dtype, 128, block_n=192, persistent=True) for dtype in DTYPES)
+# Shapes and variants, each built for bf16 then fp16, in this order (the registry's; the policy breaks ties
+# by it). The policy (flashop/dispatch.py, _hopper_variant) picks among the ping-pong builds by length:
+# several CTAs of 64 query rows per SM, the persistent kernel with its own O tile ("pers", causal "pers.dyn"),
+# the persistent 192-key kernel storing O from registers ("pers.rego"), or a one-tile-per-CTA TMA-store
+# build ("tmao") and its multicast sibling ("mc.tmao"); the plain-store builds are its choice where no
+# TMA-store build is built. Every build is a tuner candidate (flashop/autotune.py times all built configs
+# that take the problem and fit the device).
+_HOPPER_FORWARD_SHAPES = (
+    # d128 and d64, 128 x 128 tiles: O stored from registers, O through shared memory and a TMA store,
+    # the persistent kernel.
+    "d128.br128.bc128", "d64.br128.bc128",
+    "d128.br128.bc128.tmao", "d64.br128.bc128.tmao",
+    "d128.br128.bc128.pers", "d64.br128.bc128.pers",
+    # d256: B_c = 64 (Q 64 KiB + 2 stages x (K + V) 32 KiB each fit the 227 KiB).
+    "d256.br128.bc64", "d256.br128.bc64.tmao", "d256.br128.bc64.pers",
+    # d128 with B_c = 176 (FlashAttention-3's non-causal d128 tile).
+    "d128.br128.bc176.tmao", "d128.br128.bc176.pers",
+    # The persistent kernel with the longest-first tile order.
+    "d128.br128.bc128.pers.lpt", "d128.br128.bc176.pers.lpt", "d256.br128.bc64.pers.lpt",
+    "d64.br128.bc128.pers.lpt",
+    # One tile per CTA with a 3-stage K/V ring (fits at B_c = 128 for d64 and d128).
+    "d128.br128.bc128.st3.tmao", "d64.br128.bc128.st3.tmao",
+    # d256 with B_c = 80 (FlashAttention-3's d256 tile; 230 472 bytes of shared memory).
+    "d256.br128.bc80.tmao",
+    # d64 with B_r = 192 (three consumer warpgroups; FlashAttention-3's d64 tile).
+    "d64.br192.bc128.tmao",
+    # K/V multicast to clusters of two CTAs.
+    "d128.br128.bc176.mc.tmao", "d128.br128.bc128.mc.tmao", "d256.br128.bc80.mc.tmao", "d64.br192.bc128.mc.tmao",
+    # 64 query rows per CTA, two CTAs per SM, then three ("cta3").
+    "d64.br64.bc128.tmao", "d128.br64.bc64.tmao", "d64.br64.bc64.tmao", "d64.br64.bc64.cta3.tmao",
+    # d128 with B_c = 192 (224 KiB of tiles), and its multicast build.
+    "d128.br128.bc192.tmao", "d128.br128.bc192.mc.tmao",
+    # Persistent with tiles taken at run time, where the kernel has its own O tile.
+    "d128.br128.bc128.pers.dyn", "d64.br128.bc128.pers.dyn",
+    # Persistent d128 with B_c = 192, O stored from registers.
+    "d128.br128.bc192.pers.rego",
+)
 
+HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
+                               for shape in _HOPPER_FORWARD_SHAPES for dtype in ("bf16", "fp16"))
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
 #
@@ -750,5 +691,79 @@ class HopperBackwardConfig:
         return config
 
 
-# The registry table in csrc/cuda/sm90/backward_sm90.cu lists the same names in the same order.
 HOPPER_BACKWARD_CONFIGS = tuple(HopperBackwardConfig(dtype, d) for d in (128, 64) for dtype in ("bf16", "fp16"))
+
+
+# ---------------------------------------------------------------- selecting what to build
+
+def parse_name(name: str):
+    """The config a name denotes, by its family's prefix: ``bwd.`` BackwardConfig, ``sm90.bwd.``
+    HopperBackwardConfig, ``sm90.`` HopperConfig, else KernelConfig. Raises ValueError."""
+    if name.startswith("bwd."):
+        return parse_backward(name)
+    if name.startswith("sm90.bwd."):
+        return HopperBackwardConfig.parse(name)
+    if name.startswith("sm90."):
+        return HopperConfig.parse(name)
+    return KernelConfig.parse(name)
+
+
+def select(patterns, configs, what: str = ENV_VAR) -> list:
+    """The configs to build: those of ``configs`` whose name matches one of ``patterns`` (a comma-separated
+    string or an iterable of fnmatch patterns); all of them when there are none. A pattern without wildcards
+    that matches none of them but is a valid config name selects that config; a pattern that selects
+    nothing is a ValueError naming ``what``. Order follows ``configs``, then extra names in pattern order."""
+    if isinstance(patterns, str) or patterns is None:
+        patterns = (patterns or "").split(",")
+    patterns = [p.strip() for p in patterns if p.strip()]
+    pool = list(configs)
+    if not patterns:
+        return pool
+    chosen, seen, unmatched = [], set(), []
+    for pattern in patterns:
+        hits = [c for c in pool if fnmatch.fnmatchcase(c.name, pattern)]
+        if not hits and not any(ch in pattern for ch in "*?["):
+            try:
+                hits = [parse_name(pattern)]
+            except ValueError as e:
+                raise ValueError(f"{what}: {pattern!r} matches no listed config and is not a valid config name "
+                                 f"either ({e})") from None
+        if not hits:
+            unmatched.append(pattern)
+        for c in hits:
+            if c.name not in seen:
+                seen.add(c.name)
+                chosen.append(c)
+    if unmatched:
+        raise ValueError(f"{what}: pattern(s) {', '.join(repr(p) for p in unmatched)} match no kernel config; "
+                         f"available: {', '.join(c.name for c in pool)}")
+    order = {c.name: i for i, c in enumerate(pool)}
+    return sorted(chosen, key=lambda c: order.get(c.name, len(order)))
+
+
+# Build families: (the list, the environment variable that selects from it, the config class). A variable
+# selects from the union of its families, so a pattern need only match in one of them.
+FAMILIES = {
+    "fwd": (FORWARD_CONFIGS, ENV_VAR, KernelConfig),
+    "bwd": (tuple(BACKWARD_CONFIGS), BWD_ENV_VAR, BackwardConfig),
+    "sm90_fwd": (HOPPER_FORWARD_CONFIGS, ENV_VAR, HopperConfig),
+    "sm90_bwd": (HOPPER_BACKWARD_CONFIGS, BWD_ENV_VAR, HopperBackwardConfig),
+}
+
+
+def selected(env: Mapping[str, str] | None = None) -> dict:
+    """{family: configs to build} for every family of FAMILIES, from FLASHOP_KERNELS (forward) and
+    FLASHOP_BWD_KERNELS (backward) in ``env`` (default os.environ), by :func:`select`."""
+    env = os.environ if env is None else env
+    out = {}
+    for var in (ENV_VAR, BWD_ENV_VAR):
+        families = [f for f, (_, v, _) in FAMILIES.items() if v == var]
+        chosen = select(env.get(var, ""), [c for f in families for c in FAMILIES[f][0]], var)
+        strays = [c.name for c in chosen if not any(type(c) is FAMILIES[f][2] for f in families)]
+        if strays:
+            raise ValueError(f"{var}: {', '.join(strays)} is not a {'backward' if var == BWD_ENV_VAR else 'forward'} "
+                             "kernel config")
+        for family in families:
+            kind = FAMILIES[family][2]
+            out[family] = [c for c in chosen if type(c) is kind]
+    return {family: out[family] for family in FAMILIES}

@@ -34,90 +34,8 @@ def parse(name):
     return dtype, int(parts[2][1:]), int(parts[3][2:]), int(parts[4][2:])
 
 
-CONFIGS = [
-    "sm90.bf16.d128.br128.bc128",
-    "sm90.fp16.d128.br128.bc128",
-    "sm90.bf16.d64.br128.bc128",
-    "sm90.fp16.d64.br128.bc128",
-    "sm90.bf16.d128.br128.bc128.nopp",
-    "sm90.bf16.d64.br128.bc128.nopp",
-    # O through shared memory + TMA store
-    "sm90.bf16.d128.br128.bc128.tmao",
-    "sm90.fp16.d128.br128.bc128.tmao",
-    "sm90.bf16.d64.br128.bc128.tmao",
-    "sm90.fp16.d64.br128.bc128.tmao",
-    # persistent tile scheduler (+ TMA store)
-    "sm90.bf16.d128.br128.bc128.pers",
-    "sm90.fp16.d128.br128.bc128.pers",
-    "sm90.bf16.d64.br128.bc128.pers",
-    "sm90.fp16.d64.br128.bc128.pers",
-    # head dim 256: B_c = 64, P V as m64n256k16 (plain store, then TMA store)
-    "sm90.bf16.d256.br128.bc64",
-    "sm90.fp16.d256.br128.bc64",
-    "sm90.bf16.d256.br128.bc64.tmao",
-    "sm90.fp16.d256.br128.bc64.tmao",
-    "sm90.bf16.d256.br128.bc64.pers",
-    "sm90.fp16.d256.br128.bc64.pers",
-    # head dim 128 with 176 keys per tile: S as m64n176k16, P V in 11 k-steps (TMA store only)
-    "sm90.bf16.d128.br128.bc176.tmao",
-    "sm90.fp16.d128.br128.bc176.tmao",
-    "sm90.bf16.d128.br128.bc176.pers",
-    "sm90.fp16.d128.br128.bc176.pers",
-    # persistent, longest query tiles of all heads first (query tile varying slowest in the tile order)
-    "sm90.bf16.d128.br128.bc128.pers.lpt",
-    "sm90.fp16.d128.br128.bc128.pers.lpt",
-    "sm90.bf16.d128.br128.bc176.pers.lpt",
-    "sm90.fp16.d128.br128.bc176.pers.lpt",
-    "sm90.bf16.d256.br128.bc64.pers.lpt",
-    "sm90.fp16.d256.br128.bc64.pers.lpt",
-    "sm90.bf16.d64.br128.bc128.pers.lpt",
-    "sm90.fp16.d64.br128.bc128.pers.lpt",
-    # one tile per CTA, 3-stage K/V ring
-    "sm90.bf16.d128.br128.bc128.st3.tmao",
-    "sm90.fp16.d128.br128.bc128.st3.tmao",
-    "sm90.bf16.d64.br128.bc128.st3.tmao",
-    "sm90.fp16.d64.br128.bc128.st3.tmao",
-    # d256 with 80 keys per tile
-    "sm90.bf16.d256.br128.bc80.tmao",
-    "sm90.fp16.d256.br128.bc80.tmao",
-    # d64 with 192 query rows per tile (three consumer warpgroups)
-    "sm90.bf16.d64.br192.bc128.tmao",
-    "sm90.fp16.d64.br192.bc128.tmao",
-    # K/V multicast to clusters of two CTAs: non-causal shapes with an even number of query tiles run as
-    # clusters (here (2, 256, 256), (1, 200, 129), (1, 400, 150), (1, 1024, 1024) and the many-tile shapes
-    # with 1000 and 1500 queries), the rest as the plain "tmao" kernel
-    "sm90.bf16.d128.br128.bc176.mc.tmao",
-    "sm90.fp16.d128.br128.bc176.mc.tmao",
-    "sm90.bf16.d128.br128.bc128.mc.tmao",
-    "sm90.fp16.d128.br128.bc128.mc.tmao",
-    "sm90.bf16.d256.br128.bc80.mc.tmao",
-    "sm90.fp16.d256.br128.bc80.mc.tmao",
-    "sm90.bf16.d64.br192.bc128.mc.tmao",
-    "sm90.fp16.d64.br192.bc128.mc.tmao",
-    # 64 query rows per CTA (one consumer warpgroup), two CTAs per SM
-    "sm90.bf16.d64.br64.bc128.tmao",
-    "sm90.fp16.d64.br64.bc128.tmao",
-    "sm90.bf16.d128.br64.bc64.tmao",
-    "sm90.fp16.d128.br64.bc64.tmao",
-    "sm90.bf16.d64.br64.bc64.tmao",
-    "sm90.fp16.d64.br64.bc64.tmao",
-    # three CTAs per SM (136 registers per consumer thread)
-    "sm90.bf16.d64.br64.bc64.cta3.tmao",
-    "sm90.fp16.d64.br64.bc64.cta3.tmao",
-    # head dim 128 with 192 keys per tile: S as m64n192k16, P V in 12 k-steps
-    "sm90.bf16.d128.br128.bc192.tmao",
-    "sm90.fp16.d128.br128.bc192.tmao",
-    "sm90.bf16.d128.br128.bc192.mc.tmao",
-    "sm90.fp16.d128.br128.bc192.mc.tmao",
-    # persistent, tiles taken at run time (a global counter)
-    "sm90.bf16.d128.br128.bc128.pers.dyn",
-    "sm90.fp16.d128.br128.bc128.pers.dyn",
-    "sm90.bf16.d64.br128.bc128.pers.dyn",
-    "sm90.fp16.d64.br128.bc128.pers.dyn",
-    # persistent, 192 keys per tile, O stored from registers, Q loaded and freed by consumer warpgroup halves
-    "sm90.bf16.d128.br128.bc192.pers.rego",
-    "sm90.fp16.d128.br128.bc192.pers.rego",
-]
+# Every Hopper forward config of the build list (flashop/configs.py); those not built are skipped.
+CONFIGS = [c.name for c in flashop.configs.HOPPER_FORWARD_CONFIGS]
 TMA_STORE_CONFIGS = [n for n in CONFIGS if n.endswith((".tmao", ".pers", ".pers.lpt", ".pers.dyn"))]
 REGISTER_O_PERSISTENT_CONFIGS = [n for n in CONFIGS if n.endswith(".pers.rego")]
 
@@ -183,6 +101,9 @@ def test_built_configs():
         assert flashop.configs.HopperConfig.parse(n).smem_bytes() == sm90.config_smem(n), n
 
 
+# The ".mc" configs run non-causal shapes with an even number of query tiles as clusters of two CTAs (here
+# (2, 256, 256), (1, 200, 129), (1, 400, 150), (1, 1024, 1024), and in test_many_tiles those with 1000 and 1500
+# queries), the rest as the plain "tmao" kernel.
 @pytest.mark.parametrize("name", CONFIGS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
@@ -303,7 +224,7 @@ def test_many_tiles(name, causal, B, Sq, Sk, Hq, Hk):
 
 
 def split_tail_expected(name, tiles, Sk, causal):
-    """Whether the persistent kernel shares out its last waves' key tiles (forward_sm90.cu, stream_k_plan):
+    """Whether the persistent kernel shares out its last waves' key tiles (fwd_launch.cuh, stream_k_plan):
     a config with the split (HopperConfig.split_tail), non-causal, more tiles than SMs leaving the last wave
     at least 1% idle, and two key tiles or more per tile."""
     cfg = flashop.configs.HopperConfig.parse(name)

@@ -1,7 +1,9 @@
-// sm_90a forward: host launchers (CUtensorMap encoding through the runtime's
-// driver entry point, so the extension does not link libcuda), explicit
-// instantiations and the registry table. Build with
+// sm_90a forward: the host side of a launch (CUtensorMap encoding through the runtime's driver
+// entry point, so the extension does not link libcuda; grid and schedule; the launch itself), as
+// templates over the kernel's traits. tools/codegen.py writes one instantiation file per Hopper config
+// of flashop/configs.py (csrc/cuda/instantiations/sm90_fwd_*.cu) and the registry table. Build with
 // -gencode=arch=compute_90a,code=sm_90a.
+#pragma once
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -16,7 +18,6 @@
 
 namespace flashop {
 namespace sm90 {
-namespace {
 
 // Persistent configs: one CTA per SM of the current device (384 threads x 168 registers and the smem
 // allow only one), or one per tile when there are fewer tiles.
@@ -242,188 +243,6 @@ cudaError_t launch_fwd(const FwdParams& params, const Sm90FwdPlan& plan, void* w
   }
   return cudaGetLastError();
 }
-
-using Bf16D64 = Sm90FwdTraits<true, 64, 128, 128>;
-using Fp16D64 = Sm90FwdTraits<false, 64, 128, 128>;
-using Bf16D128 = Sm90FwdTraits<true, 128, 128, 128>;
-using Fp16D128 = Sm90FwdTraits<false, 128, 128, 128>;
-using Bf16D128NoPP = Sm90FwdTraits<true, 128, 128, 128, false>;
-using Bf16D64NoPP = Sm90FwdTraits<true, 64, 128, 128, false>;
-// O through shared memory and a TMA store ("tmao"); persistent tile scheduler ("pers").
-using Bf16D128Tmao = Sm90FwdTraits<true, 128, 128, 128, true, true>;
-using Fp16D128Tmao = Sm90FwdTraits<false, 128, 128, 128, true, true>;
-using Bf16D64Tmao = Sm90FwdTraits<true, 64, 128, 128, true, true>;
-using Fp16D64Tmao = Sm90FwdTraits<false, 64, 128, 128, true, true>;
-using Bf16D128Pers = Sm90FwdTraits<true, 128, 128, 128, true, true, true>;
-using Fp16D128Pers = Sm90FwdTraits<false, 128, 128, 128, true, true, true>;
-using Bf16D64Pers = Sm90FwdTraits<true, 64, 128, 128, true, true, true>;
-using Fp16D64Pers = Sm90FwdTraits<false, 64, 128, 128, true, true, true>;
-// D = 256: B_c = 64 (Q 64 KiB + 2 stages x (K + V) 32 KiB each = 192 KiB of the 227 KiB);
-// S = Q K^T as 16 m64n64k16 SS steps, O += P V as 4 m64n256k16 RS steps.
-using Bf16D256 = Sm90FwdTraits<true, 256, 128, 64>;
-using Fp16D256 = Sm90FwdTraits<false, 256, 128, 64>;
-using Bf16D256Tmao = Sm90FwdTraits<true, 256, 128, 64, true, true>;
-using Fp16D256Tmao = Sm90FwdTraits<false, 256, 128, 64, true, true>;
-using Bf16D256Pers = Sm90FwdTraits<true, 256, 128, 64, true, true, true>;
-using Fp16D256Pers = Sm90FwdTraits<false, 256, 128, 64, true, true, true>;
-// D = 128, B_c = 176 (FlashAttention-3's non-causal d128 tile): S = Q K^T as 8 m64n176k16 SS steps,
-// O += P V as 11 m64n128k16 RS steps; Q 32 KiB + 2 stages x (K + V) 44 KiB each = 208 KiB.
-// TMA-store and persistent variants only.
-using Bf16D128Bc176Tmao = Sm90FwdTraits<true, 128, 128, 176, true, true>;
-using Fp16D128Bc176Tmao = Sm90FwdTraits<false, 128, 128, 176, true, true>;
-using Bf16D128Bc176Pers = Sm90FwdTraits<true, 128, 128, 176, true, true, true>;
-using Fp16D128Bc176Pers = Sm90FwdTraits<false, 128, 128, 176, true, true, true>;
-// Persistent, longest query tiles of all heads first ("pers.lpt"): the same kernels with the
-// query tile varying slowest in the tile order (causal load balance across the SMs).
-using Bf16D128PersLpt = Sm90FwdTraits<true, 128, 128, 128, true, true, true, true>;
-using Fp16D128PersLpt = Sm90FwdTraits<false, 128, 128, 128, true, true, true, true>;
-using Bf16D128Bc176PersLpt = Sm90FwdTraits<true, 128, 128, 176, true, true, true, true>;
-using Fp16D128Bc176PersLpt = Sm90FwdTraits<false, 128, 128, 176, true, true, true, true>;
-using Bf16D256PersLpt = Sm90FwdTraits<true, 256, 128, 64, true, true, true, true>;
-using Fp16D256PersLpt = Sm90FwdTraits<false, 256, 128, 64, true, true, true, true>;
-using Bf16D64PersLpt = Sm90FwdTraits<true, 64, 128, 128, true, true, true, true>;
-using Fp16D64PersLpt = Sm90FwdTraits<false, 64, 128, 128, true, true, true, true>;
-// One tile per CTA, TMA store, a 3-stage K/V ring ("st3"; d64 and d128 at B_c = 128, where it fits).
-using Bf16D128St3Tmao = Sm90FwdTraits<true, 128, 128, 128, true, true, false, false, 3>;
-using Fp16D128St3Tmao = Sm90FwdTraits<false, 128, 128, 128, true, true, false, false, 3>;
-using Bf16D64St3Tmao = Sm90FwdTraits<true, 64, 128, 128, true, true, false, false, 3>;
-using Fp16D64St3Tmao = Sm90FwdTraits<false, 64, 128, 128, true, true, false, false, 3>;
-// D = 256 with 80 keys per tile, one tile per CTA, TMA store.
-using Bf16D256Bc80Tmao = Sm90FwdTraits<true, 256, 128, 80, true, true>;
-using Fp16D256Bc80Tmao = Sm90FwdTraits<false, 256, 128, 80, true, true>;
-// D = 64 with 192 query rows per tile (three consumer warpgroups), one tile per CTA, TMA store.
-using Bf16D64Br192Tmao = Sm90FwdTraits<true, 64, 192, 128, true, true>;
-using Fp16D64Br192Tmao = Sm90FwdTraits<false, 64, 192, 128, true, true>;
-// K/V multicast to a cluster of two CTAs ("mc"): the one-tile-per-CTA TMA-store kernels of d128 (B_c 176
-// and 128), d256 (B_c 80) and d64 (B_r 192).
-using Bf16D128Bc176McTmao = Sm90FwdTraits<true, 128, 128, 176, true, true, false, false, 2, true>;
-using Fp16D128Bc176McTmao = Sm90FwdTraits<false, 128, 128, 176, true, true, false, false, 2, true>;
-using Bf16D128McTmao = Sm90FwdTraits<true, 128, 128, 128, true, true, false, false, 2, true>;
-using Fp16D128McTmao = Sm90FwdTraits<false, 128, 128, 128, true, true, false, false, 2, true>;
-using Bf16D256Bc80McTmao = Sm90FwdTraits<true, 256, 128, 80, true, true, false, false, 2, true>;
-using Fp16D256Bc80McTmao = Sm90FwdTraits<false, 256, 128, 80, true, true, false, false, 2, true>;
-using Bf16D64Br192McTmao = Sm90FwdTraits<true, 64, 192, 128, true, true, false, false, 2, true>;
-using Fp16D64Br192McTmao = Sm90FwdTraits<false, 64, 192, 128, true, true, false, false, 2, true>;
-// 64 query rows per CTA (one consumer warpgroup), two CTAs per SM: d64 at B_c = 128, d128 at B_c = 64
-// (where two CTAs' shared memory fits).
-using Bf16D64Br64Tmao = Sm90FwdTraits<true, 64, 64, 128, true, true>;
-using Fp16D64Br64Tmao = Sm90FwdTraits<false, 64, 64, 128, true, true>;
-using Bf16D128Br64Tmao = Sm90FwdTraits<true, 128, 64, 64, true, true>;
-using Fp16D128Br64Tmao = Sm90FwdTraits<false, 128, 64, 64, true, true>;
-using Bf16D64Br64Bc64Tmao = Sm90FwdTraits<true, 64, 64, 64, true, true>;
-using Fp16D64Br64Bc64Tmao = Sm90FwdTraits<false, 64, 64, 64, true, true>;
-// Three such CTAs per SM (d64, B_c = 64).
-using Bf16D64Br64Bc64Cta3Tmao = Sm90FwdTraits<true, 64, 64, 64, true, true, false, false, 2, false, 3>;
-using Fp16D64Br64Bc64Cta3Tmao = Sm90FwdTraits<false, 64, 64, 64, true, true, false, false, 2, false, 3>;
-// D = 128 with 192 keys per tile (one tile per CTA, TMA store).
-using Bf16D128Bc192Tmao = Sm90FwdTraits<true, 128, 128, 192, true, true>;
-using Fp16D128Bc192Tmao = Sm90FwdTraits<false, 128, 128, 192, true, true>;
-using Bf16D128Bc192McTmao = Sm90FwdTraits<true, 128, 128, 192, true, true, false, false, 2, true>;
-using Fp16D128Bc192McTmao = Sm90FwdTraits<false, 128, 128, 192, true, true, false, false, 2, true>;
-// Persistent with tiles taken at run time ("pers.dyn"): d128 and d64 at B_c = 128 (own O tile, two Q buffers).
-using Bf16D128PersDyn = Sm90FwdTraits<true, 128, 128, 128, true, true, true, false, 2, false, 0, true>;
-using Fp16D128PersDyn = Sm90FwdTraits<false, 128, 128, 128, true, true, true, false, 2, false, 0, true>;
-using Bf16D64PersDyn = Sm90FwdTraits<true, 64, 128, 128, true, true, true, false, 2, false, 0, true>;
-using Fp16D64PersDyn = Sm90FwdTraits<false, 64, 128, 128, true, true, true, false, 2, false, 0, true>;
-// Persistent 192-key d128 kernel storing O from registers ("pers.rego"): Q loaded and freed by halves.
-using Bf16D128Bc192PersRego = Sm90FwdTraits<true, 128, 128, 192, true, false, true>;
-using Fp16D128Bc192PersRego = Sm90FwdTraits<false, 128, 128, 192, true, false, true>;
-
-template <class T>
-constexpr Sm90FwdKernel entry(const char* name) {
-  return Sm90FwdKernel{name,          &plan_fwd<T>, &launch_fwd<T>, T::kBf16 ? DType::kBf16 : DType::kFp16,
-                       T::kHeadDim,   T::kBlockM,     T::kBlockN,
-                       T::kSmemBytes, T::kThreads};
-}
-
-const Sm90FwdKernel kKernels[] = {
-    entry<Bf16D128>("sm90.bf16.d128.br128.bc128"),
-    entry<Fp16D128>("sm90.fp16.d128.br128.bc128"),
-    entry<Bf16D64>("sm90.bf16.d64.br128.bc128"),
-    entry<Fp16D64>("sm90.fp16.d64.br128.bc128"),
-    // without the consumer ping-pong barriers (A/B, debugging)
-    entry<Bf16D128NoPP>("sm90.bf16.d128.br128.bc128.nopp"),
-    entry<Bf16D64NoPP>("sm90.bf16.d64.br128.bc128.nopp"),
-    // The policy's picks on compute capability 9.0 (flashop/dispatch.py): the
-    // TMA-store configs below, one tile per CTA; the others are tuner candidates.
-    entry<Bf16D128Tmao>("sm90.bf16.d128.br128.bc128.tmao"),
-    entry<Fp16D128Tmao>("sm90.fp16.d128.br128.bc128.tmao"),
-    entry<Bf16D64Tmao>("sm90.bf16.d64.br128.bc128.tmao"),
-    entry<Fp16D64Tmao>("sm90.fp16.d64.br128.bc128.tmao"),
-    entry<Bf16D128Pers>("sm90.bf16.d128.br128.bc128.pers"),
-    entry<Fp16D128Pers>("sm90.fp16.d128.br128.bc128.pers"),
-    entry<Bf16D64Pers>("sm90.bf16.d64.br128.bc128.pers"),
-    entry<Fp16D64Pers>("sm90.fp16.d64.br128.bc128.pers"),
-    // Head dim 256.
-    entry<Bf16D256>("sm90.bf16.d256.br128.bc64"),
-    entry<Fp16D256>("sm90.fp16.d256.br128.bc64"),
-    entry<Bf16D256Tmao>("sm90.bf16.d256.br128.bc64.tmao"),
-    entry<Fp16D256Tmao>("sm90.fp16.d256.br128.bc64.tmao"),
-    entry<Bf16D256Pers>("sm90.bf16.d256.br128.bc64.pers"),
-    entry<Fp16D256Pers>("sm90.fp16.d256.br128.bc64.pers"),
-    // D = 128 with 176 keys per tile.
-    entry<Bf16D128Bc176Tmao>("sm90.bf16.d128.br128.bc176.tmao"),
-    entry<Fp16D128Bc176Tmao>("sm90.fp16.d128.br128.bc176.tmao"),
-    entry<Bf16D128Bc176Pers>("sm90.bf16.d128.br128.bc176.pers"),
-    entry<Fp16D128Bc176Pers>("sm90.fp16.d128.br128.bc176.pers"),
-    // Persistent with the longest-first tile order.
-    entry<Bf16D128PersLpt>("sm90.bf16.d128.br128.bc128.pers.lpt"),
-    entry<Fp16D128PersLpt>("sm90.fp16.d128.br128.bc128.pers.lpt"),
-    entry<Bf16D128Bc176PersLpt>("sm90.bf16.d128.br128.bc176.pers.lpt"),
-    entry<Fp16D128Bc176PersLpt>("sm90.fp16.d128.br128.bc176.pers.lpt"),
-    entry<Bf16D256PersLpt>("sm90.bf16.d256.br128.bc64.pers.lpt"),
-    entry<Fp16D256PersLpt>("sm90.fp16.d256.br128.bc64.pers.lpt"),
-    entry<Bf16D64PersLpt>("sm90.bf16.d64.br128.bc128.pers.lpt"),
-    entry<Fp16D64PersLpt>("sm90.fp16.d64.br128.bc128.pers.lpt"),
-    // A 3-stage K/V ring.
-    entry<Bf16D128St3Tmao>("sm90.bf16.d128.br128.bc128.st3.tmao"),
-    entry<Fp16D128St3Tmao>("sm90.fp16.d128.br128.bc128.st3.tmao"),
-    entry<Bf16D64St3Tmao>("sm90.bf16.d64.br128.bc128.st3.tmao"),
-    entry<Fp16D64St3Tmao>("sm90.fp16.d64.br128.bc128.st3.tmao"),
-    // D = 256, 80 keys per tile.
-    entry<Bf16D256Bc80Tmao>("sm90.bf16.d256.br128.bc80.tmao"),
-    entry<Fp16D256Bc80Tmao>("sm90.fp16.d256.br128.bc80.tmao"),
-    // D = 64, 192 query rows per tile.
-    entry<Bf16D64Br192Tmao>("sm90.bf16.d64.br192.bc128.tmao"),
-    entry<Fp16D64Br192Tmao>("sm90.fp16.d64.br192.bc128.tmao"),
-    // K/V multicast to a cluster of two CTAs.
-    entry<Bf16D128Bc176McTmao>("sm90.bf16.d128.br128.bc176.mc.tmao"),
-    entry<Fp16D128Bc176McTmao>("sm90.fp16.d128.br128.bc176.mc.tmao"),
-    entry<Bf16D128McTmao>("sm90.bf16.d128.br128.bc128.mc.tmao"),
-    entry<Fp16D128McTmao>("sm90.fp16.d128.br128.bc128.mc.tmao"),
-    entry<Bf16D256Bc80McTmao>("sm90.bf16.d256.br128.bc80.mc.tmao"),
-    entry<Fp16D256Bc80McTmao>("sm90.fp16.d256.br128.bc80.mc.tmao"),
-    entry<Bf16D64Br192McTmao>("sm90.bf16.d64.br192.bc128.mc.tmao"),
-    entry<Fp16D64Br192McTmao>("sm90.fp16.d64.br192.bc128.mc.tmao"),
-    // 64 query rows per CTA, two CTAs per SM.
-    entry<Bf16D64Br64Tmao>("sm90.bf16.d64.br64.bc128.tmao"),
-    entry<Fp16D64Br64Tmao>("sm90.fp16.d64.br64.bc128.tmao"),
-    entry<Bf16D128Br64Tmao>("sm90.bf16.d128.br64.bc64.tmao"),
-    entry<Fp16D128Br64Tmao>("sm90.fp16.d128.br64.bc64.tmao"),
-    entry<Bf16D64Br64Bc64Tmao>("sm90.bf16.d64.br64.bc64.tmao"),
-    entry<Fp16D64Br64Bc64Tmao>("sm90.fp16.d64.br64.bc64.tmao"),
-    // Three CTAs per SM.
-    entry<Bf16D64Br64Bc64Cta3Tmao>("sm90.bf16.d64.br64.bc64.cta3.tmao"),
-    entry<Fp16D64Br64Bc64Cta3Tmao>("sm90.fp16.d64.br64.bc64.cta3.tmao"),
-    // D = 128, 192 keys per tile.
-    entry<Bf16D128Bc192Tmao>("sm90.bf16.d128.br128.bc192.tmao"),
-    entry<Fp16D128Bc192Tmao>("sm90.fp16.d128.br128.bc192.tmao"),
-    entry<Bf16D128Bc192McTmao>("sm90.bf16.d128.br128.bc192.mc.tmao"),
-    entry<Fp16D128Bc192McTmao>("sm90.fp16.d128.br128.bc192.mc.tmao"),
-    // Persistent, tiles taken at run time.
-    entry<Bf16D128PersDyn>("sm90.bf16.d128.br128.bc128.pers.dyn"),
-    entry<Fp16D128PersDyn>("sm90.fp16.d128.br128.bc128.pers.dyn"),
-    entry<Bf16D64PersDyn>("sm90.bf16.d64.br128.bc128.pers.dyn"),
-    entry<Fp16D64PersDyn>("sm90.fp16.d64.br128.bc128.pers.dyn"),
-    // Persistent, O stored from registers.
-    entry<Bf16D128Bc192PersRego>("sm90.bf16.d128.br128.bc192.pers.rego"),
-    entry<Fp16D128Bc192PersRego>("sm90.fp16.d128.br128.bc192.pers.rego"),
-};
-
-}  // namespace
-
-const Sm90FwdKernel* sm90_fwd_kernels() { return kKernels; }
-int num_sm90_fwd_kernels() { return static_cast<int>(sizeof(kKernels) / sizeof(kKernels[0])); }
 
 }  // namespace sm90
 }  // namespace flashop

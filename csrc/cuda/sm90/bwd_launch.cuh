@@ -1,6 +1,9 @@
-// sm_90a backward: host launcher (tensor maps, the three kernels of one backward call), explicit
-// instantiations and the registry table. Build with -gencode=arch=compute_90a,code=sm_90a.
-// The preprocess and dQ conversion kernels are the mma.sync path's (one instantiation per dtype).
+// sm_90a backward: the host side of a launch (tensor maps, the three kernels of one backward call) as a
+// template over the kernel's traits. tools/codegen.py writes one instantiation file per Hopper backward
+// config of flashop/configs.py (csrc/cuda/instantiations/sm90_bwd_*.cu) and the registry table. Build with
+// -gencode=arch=compute_90a,code=sm_90a. The preprocess and dQ conversion kernels are the mma.sync path's
+// (one instantiation per dtype and head dimension).
+#pragma once
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -14,7 +17,6 @@
 
 namespace flashop {
 namespace sm90 {
-namespace {
 
 template <class T>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
@@ -49,25 +51,6 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   sm80::bwd::bwd_convert_dq_kernel<Aux><<<dim3(g.conv[0], g.conv[1], g.conv[2]), sm80::bwd::kAuxThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
-
-template <class T>
-constexpr Sm90BwdKernel entry(const char* name) {
-  return Sm90BwdKernel{name,          &launch_bwd<T>, T::kBf16 ? DType::kBf16 : DType::kFp16,
-                       T::kHeadDim,   T::kBlockM,     T::kBlockN,
-                       T::kSmemBytes};
-}
-
-const Sm90BwdKernel kKernels[] = {
-    entry<Sm90BwdTraits<true, 128>>("sm90.bwd.bf16.d128.bc128.br64"),
-    entry<Sm90BwdTraits<false, 128>>("sm90.bwd.fp16.d128.bc128.br64"),
-    entry<Sm90BwdTraits<true, 64>>("sm90.bwd.bf16.d64.bc128.br64"),
-    entry<Sm90BwdTraits<false, 64>>("sm90.bwd.fp16.d64.bc128.br64"),
-};
-
-}  // namespace
-
-const Sm90BwdKernel* sm90_bwd_kernels() { return kKernels; }
-int num_sm90_bwd_kernels() { return static_cast<int>(sizeof(kKernels) / sizeof(kKernels[0])); }
 
 }  // namespace sm90
 }  // namespace flashop
