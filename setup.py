@@ -67,7 +67,7 @@ def hopper_extension():
     from torch.utils.cpp_extension import CUDAExtension
 
     sources = ["csrc/checks.cpp", "csrc/cuda/sm90/forward_sm90.cu", "csrc/cuda/sm90/backward_sm90.cu",
-               "csrc/cuda/sm90/bindings_sm90.cpp"]
+               "csrc/cuda/sm90/bindings_sm90.cpp", "csrc/cuda/glue.cpp"]
     nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr",
             "-gencode=arch=compute_90a,code=sm_90a"] + os.environ.get("FLASHOP_SM90_NVCC_FLAGS", "").split()
     return CUDAExtension("flashop._C_sm90", sources, include_dirs=[os.path.join(ROOT, "csrc")],
@@ -102,7 +102,7 @@ def extension():
     out_dir = os.path.join(ROOT, "csrc/cuda/instantiations")
     generated = generator.generate(out_dir, configs.selected_configs())
     generated += bwd_generator.generate(out_dir, os.environ.get("FLASHOP_BWD_KERNELS") or None)
-    sources += ["csrc/cuda/forward_cuda.cpp", "csrc/cuda/backward_cuda.cpp"]
+    sources += ["csrc/cuda/forward_cuda.cpp", "csrc/cuda/backward_cuda.cpp", "csrc/cuda/glue.cpp"]
     sources += sorted(os.path.relpath(p, ROOT) for p in generated)
     archs = cuda_archs()
     nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr"]

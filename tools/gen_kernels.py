@@ -64,7 +64,7 @@ def registry_source(configs, out_dir: str) -> str:
             f"     {{{dt}, {cfg.headdim}, {cfg.block_m}, {cfg.block_n}, {cfg.warps}, "
             f"{cfg.flag_bits}u}}, {cfg.min_sm}, {cfg.smem_bytes()}, {cfg.threads}}},"
         )
-    return codegen.registry_source(MARKER, "forward", codegen.include_path(out_dir, "registry.h"), "FwdKernel",
+    return codegen.registry_source(MARKER, "forward", codegen.include_path(out_dir, "fwd_registry.h"), "FwdKernel",
                                    "fwd_kernels", entries)
 
 

@@ -10,7 +10,7 @@
 #include <cstddef>
 
 #include "fwd_params.h"
-#include "kernel_config.h"
+#include "fwd_config.h"
 
 namespace flashop {
 
