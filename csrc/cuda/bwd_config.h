@@ -79,8 +79,8 @@ enum BwdFlag : unsigned {
   kBwdFlagLongestFirst = 1u << 7,
 };
 
-// (batch, kv head) pairs per longest-first group, measured on an H200
-// (scratch sweeps of the causal d64/d128 benchmark shapes, docs/notes.md):
+// (batch, kv head) pairs per longest-first group (figures: the causal d64/d128
+// benchmark shapes on an H200):
 // - enough pairs for kBwdLptGroupWaves waves of blocks (one block per SM), so
 //   the long key tiles of a group start together and its short ones fill the
 //   gaps (1 or 2 waves: up to 4% slower than head-major order at 2k-4k keys);
