@@ -71,7 +71,7 @@ def hopper_extension():
     module, so the mma.sync sources keep their own targets). Built when the CUDA build targets sm_90."""
     from torch.utils.cpp_extension import CUDAExtension
 
-    sources = ["csrc/checks.cpp", "csrc/cuda/sm90/bindings_sm90.cpp"] + generated_sources("flashop._C_sm90")
+    sources = ["csrc/checks.cpp", "csrc/cuda/glue.cpp", "csrc/cuda/sm90/bindings_sm90.cpp"] + generated_sources("flashop._C_sm90")
     nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr",
             "-gencode=arch=compute_90a,code=sm_90a"]
     return CUDAExtension("flashop._C_sm90", sources, include_dirs=[os.path.join(ROOT, "csrc")],
@@ -100,7 +100,7 @@ def extension():
         return CppExtension("flashop._C", sources, extra_compile_args={"cxx": cxx},
                             extra_link_args=["-fopenmp"] + PRIVATE_STATIC_LIBS)
 
-    sources += ["csrc/cuda/forward_cuda.cpp", "csrc/cuda/backward_cuda.cpp"] + generated_sources("flashop._C")
+    sources += ["csrc/cuda/glue.cpp", "csrc/cuda/forward_cuda.cpp", "csrc/cuda/backward_cuda.cpp"] + generated_sources("flashop._C")
     archs = cuda_archs()
     nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr"]
     nvcc += [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs if a]

@@ -6,10 +6,11 @@
 
 #ifdef FLASHOP_WITH_CUDA
 namespace flashop {
-namespace cuda {
-void register_cuda_bindings(pybind11::module_& m);
-}
-void register_cuda_backward_bindings(pybind11::module_& m);
+namespace glue {
+// csrc/cuda/forward_cuda.cpp, backward_cuda.cpp.
+void bind_forward(pybind11::module_& m);
+void bind_backward(pybind11::module_& m);
+}  // namespace glue
 }  // namespace flashop
 #endif
 
@@ -33,8 +34,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "flashop native extension: registers torch.ops.flashop.* and exposes the CUDA kernel registry";
 #ifdef FLASHOP_WITH_CUDA
   m.attr("WITH_CUDA") = true;
-  flashop::cuda::register_cuda_bindings(m);
-  flashop::register_cuda_backward_bindings(m);
+  flashop::glue::bind_forward(m);
+  flashop::glue::bind_backward(m);
 #else
   m.attr("WITH_CUDA") = false;
 #endif

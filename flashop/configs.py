@@ -1,4 +1,4 @@
-"""Kernel configurations: the Python mirror of csrc/cuda/kernel_config.h.
+"""Kernel configurations: the Python mirror of csrc/cuda/fwd_config.h and bwd_config.h.
 
 A forward kernel is described by a :class:`KernelConfig` whose short string
 form names it everywhere (the registry, the ``config=`` argument, the tuner's

@@ -80,9 +80,7 @@ def _built(direction: str) -> tuple[str, ...]:
     hopper = hopper_module()
     if hopper is None:
         return names
-    hopper_names = hopper.built_configs() if direction == "forward" else getattr(hopper, "built_backward_configs",
-                                                                                  list)()
-    return names + tuple(hopper_names)
+    return names + tuple(getattr(hopper, f"built_{direction}_configs")())
 
 
 def built_configs(direction: str = "forward") -> list[str]:

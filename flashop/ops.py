@@ -53,7 +53,7 @@ if _C.WITH_CUDA:
         scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
         if config.startswith("sm90."):
             return dispatch.hopper_module().forward(q, k, v, scale, causal, config)
-        return _C.cuda_forward(q, k, v, scale, causal, config)
+        return _C.forward(q, k, v, scale, causal, config)
 
     @torch.library.register_kernel("flashop::backward", "cuda")
     def _backward_cuda(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, config=None,
@@ -69,7 +69,7 @@ if _C.WITH_CUDA:
         if config.startswith("sm90.bwd."):
             return dispatch.hopper_module().backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic,
                                                      config)
-        return _C.cuda_backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, config)
+        return _C.backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, config)
 
 
 # ---------------------------------------------------------------- FlashAttention-style API

@@ -154,7 +154,8 @@ def test_cuda_glue_compiles(tmp_path):
     shim.mkdir(parents=True)
     (shim / "cuda_cmake_macros.h").write_text("#pragma once\n")
     includes = cpp_extension.include_paths() + [CUDA_INCLUDE, os.path.join(ROOT, "csrc"), str(tmp_path)]
-    for source in ("csrc/cuda/forward_cuda.cpp", "csrc/cuda/backward_cuda.cpp", "csrc/cuda/sm90/bindings_sm90.cpp"):
+    for source in ("csrc/cuda/forward_cuda.cpp", "csrc/cuda/backward_cuda.cpp", "csrc/cuda/glue.cpp",
+                   "csrc/cuda/sm90/bindings_sm90.cpp"):
         cmd = ["g++", "-fsyntax-only", "-std=c++17", "-DFLASHOP_WITH_CUDA", os.path.join(ROOT, source)]
         cmd += [f"-I{p}" for p in includes]
         cmd += [f"-I{__import__('sysconfig').get_paths()['include']}"]

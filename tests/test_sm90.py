@@ -24,7 +24,7 @@ else:
 
 
 def built():
-    return list(sm90.built_configs()) if sm90 is not None else []
+    return list(sm90.built_forward_configs()) if sm90 is not None else []
 
 
 def parse(name):
@@ -98,7 +98,7 @@ def test_built_configs():
     for n in names:
         assert n.startswith("sm90.")
         # The policy's fit check (flashop/configs.py) and the kernel's launch agree on shared memory.
-        assert flashop.configs.HopperConfig.parse(n).smem_bytes() == sm90.config_smem(n), n
+        assert flashop.configs.HopperConfig.parse(n).smem_bytes() == sm90.forward_config_smem(n), n
 
 
 # The ".mc" configs run non-causal shapes with an even number of query tiles as clusters of two CTAs (here
@@ -247,7 +247,7 @@ SPLIT_TAIL_CASES = {  # name: (query heads as a function of the SM count, Sk); 2
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("case", list(SPLIT_TAIL_CASES))
 def test_split_tail(name, causal, case):
-    """The persistent kernel's split tail: whether it runs (config_workspace > 0) as its rule says, and the
+    """The persistent kernel's split tail: whether it runs (forward_config_workspace > 0) as its rule says, and the
     values of tiles finished from two CTAs' parts (MQA, a ragged last key tile, a short last query tile)."""
     if name not in built():
         pytest.skip(f"{name} not built")
@@ -255,7 +255,7 @@ def test_split_tail(name, causal, case):
     heads, Sk = SPLIT_TAIL_CASES[case]
     Hq = heads(torch.cuda.get_device_properties(0).multi_processor_count)
     split = split_tail_expected(name, 2 * Hq, Sk, causal)
-    assert (sm90.config_workspace(name, 1, 200, Sk, Hq, causal) > 0) == split
+    assert (sm90.forward_config_workspace(name, 1, 200, Sk, Hq, causal) > 0) == split
     if case in ("one wave and one tile", "two waves and a sixth") and not causal:
         assert split == flashop.configs.HopperConfig.parse(name).split_tail
     check(name, rand(1, 200, Hq, D, dtype), rand(1, Sk, 1, D, dtype), rand(1, Sk, 1, D, dtype), causal)
@@ -298,7 +298,7 @@ SPLIT_LAST_WAVE_CASES = {  # name: (query heads from the SM count, Sq, Sk, wheth
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("case", list(SPLIT_LAST_WAVE_CASES))
 def test_split_last_wave(name, causal, case):
-    """The one-tile-per-CTA kernels' split last wave: whether it runs (config_workspace > 0; never causal)
+    """The one-tile-per-CTA kernels' split last wave: whether it runs (forward_config_workspace > 0; never causal)
     and the values of tiles merged from several pieces (MQA, a ragged last key tile, short last query tiles)."""
     if name not in built():
         pytest.skip(f"{name} not built")
@@ -307,7 +307,7 @@ def test_split_last_wave(name, causal, case):
     Hq = heads(torch.cuda.get_device_properties(0).multi_processor_count)
     if "br192" in name and case == "odd query tiles":
         Sq = 500  # 3 tiles of 192 rows
-    assert (sm90.config_workspace(name, 1, Sq, Sk, Hq, causal) > 0) == (split and not causal)
+    assert (sm90.forward_config_workspace(name, 1, Sq, Sk, Hq, causal) > 0) == (split and not causal)
     check(name, rand(1, Sq, Hq, D, dtype), rand(1, Sk, 1, D, dtype), rand(1, Sk, 1, D, dtype), causal)
 
 
@@ -317,7 +317,7 @@ def test_no_split_last_wave_where_not_declared(name):
     shape the others would split: configs.py's split_last_wave says what the kernels do."""
     if name not in built():
         pytest.skip(f"{name} not built")
-    assert sm90.config_workspace(name, 1, 200, 3000, 3, False) == 0
+    assert sm90.forward_config_workspace(name, 1, 200, 3000, 3, False) == 0
 
 
 @pytest.mark.parametrize("name", [n for n in SPLIT_LAST_WAVE_CONFIGS if n.startswith("sm90.bf16.")])
@@ -329,7 +329,7 @@ def test_split_last_wave_in_cuda_graph(name):
         pytest.skip(f"{name} not built")
     dtype, D, _, _ = parse(name)
     Hq = 3
-    assert sm90.config_workspace(name, 2, 200, 3000, Hq, False) > 0
+    assert sm90.forward_config_workspace(name, 2, 200, 3000, Hq, False) > 0
     q, k, v = rand(2, 200, Hq, D, dtype), rand(2, 3000, Hq, D, dtype), rand(2, 3000, Hq, D, dtype)
     # Bitwise: the pieces are merged in a fixed order, whichever finishes last.
     assert_graph_replays_match_eager(name, q, k, v)
@@ -344,7 +344,7 @@ def test_split_tail_in_cuda_graph(name):
         pytest.skip(f"{name} not built")
     dtype, D, _, _ = parse(name)
     Hq = torch.cuda.get_device_properties(0).multi_processor_count // 2 + 1
-    assert sm90.config_workspace(name, 1, 200, 1000, Hq, False) > 0
+    assert sm90.forward_config_workspace(name, 1, 200, 1000, Hq, False) > 0
     q, k, v = rand(1, 200, Hq, D, dtype), rand(1, 1000, 1, D, dtype), rand(1, 1000, 1, D, dtype)
     assert_graph_replays_match_eager(name, q, k, v)
 
@@ -407,7 +407,7 @@ def test_tma_store_matches_plain_store(name):
         # A split last wave or split tail (a workspace; the shape has fewer tiles than SMs) merges a tile's key
         # pieces, each of which rounded P to 16 bits against its own running max: then the two agree to a couple
         # of ulps of the output's scale, not of each value (still far below what a swizzle or row mistake gives).
-        split = any(sm90.config_workspace(n, 2, Sq, 290, 6, causal) > 0 for n in (name, plain))
+        split = any(sm90.forward_config_workspace(n, 2, Sq, 290, 6, causal) > 0 for n in (name, plain))
         atol = 2 * eps * ref_out.abs().max().item() if split else 1e-5
         torch.testing.assert_close(out.float(), ref_out.float(), rtol=2 * eps, atol=atol,
                                    msg=lambda m: f"{name} vs {plain} (causal={causal}, split={split}): out: {m}")

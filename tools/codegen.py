@@ -203,7 +203,7 @@ class Family:
 
 
 FAMILIES = {
-    "fwd": Family("fwd_", _fwd_file, _fwd_source, _fwd_entry, "registry_fwd.cu", ["registry.h"], ["flashop"],
+    "fwd": Family("fwd_", _fwd_file, _fwd_source, _fwd_entry, "registry_fwd.cu", ["fwd_registry.h"], ["flashop"],
                   "FwdKernel", "fwd_kernels", "forward"),
     "bwd": Family("bwd_", _bwd_file, _bwd_source, _bwd_entry, "registry_bwd.cu", ["bwd_registry.h"], ["flashop"],
                   "BwdKernel", "bwd_kernels", "backward"),

@@ -3,8 +3,8 @@
 //   "bwd.<dtype>.d<D>.bc<B_c>.br<B_r>.w<warps>[.<flag>...]", e.g. "bwd.bf16.d128.bc128.br64.w8".
 // B_c (block_n) is the number of key/value rows a thread block owns for the
 // whole kernel; B_r (block_m) is the number of query rows per step of its loop.
-// Plain C++17: no torch, no CUDA headers. DType comes from the forward's
-// kernel_config.h so both directions name dtypes the same way.
+// Plain C++17: no torch, no CUDA headers. DType comes from kernel_config.h, as
+// for every kernel family.
 //
 // Warp layout (derived, not configured):
 //   Each warp owns kKeysPerWarp key rows (16, or 32 with the "k32" flag) of
@@ -23,9 +23,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 
-#include "kernel_config.h"  // DType, dtype_name
+#include "kernel_config.h"  // DType
 
 namespace flashop {
 
@@ -80,8 +79,8 @@ enum BwdFlag : unsigned {
   kBwdFlagLongestFirst = 1u << 7,
 };
 
-// (batch, kv head) pairs per longest-first group, measured on an H200
-// (scratch sweeps of the causal d64/d128 benchmark shapes, docs/notes.md):
+// (batch, kv head) pairs per longest-first group (figures: the causal d64/d128
+// benchmark shapes on an H200):
 // - enough pairs for kBwdLptGroupWaves waves of blocks (one block per SM), so
 //   the long key tiles of a group start together and its short ones fill the
 //   gaps (1 or 2 waves: up to 4% slower than head-major order at 2k-4k keys);
@@ -105,23 +104,8 @@ inline constexpr int64_t bwd_lpt_group_pairs(int sm_count, int key_tiles, int64_
   return pairs < 1 ? 1 : pairs;
 }
 
-struct BwdFlagName {
-  unsigned bit;
-  const char* name;
-};
-inline constexpr BwdFlagName kBwdFlagNames[] = {
-    {kBwdFlagKeys32, "k32"},
-    {kBwdFlagSingleBuffer, "q1"},
-    {kBwdFlagDPEarly, "dpe"},
-    {kBwdFlagDQEarly, "dqe"},
-    {kBwdFlagPrefetchS, "pfs"},
-    {kBwdFlagOwnHalfRegs, "hreg"},
-    {kBwdFlagWalkUp, "qup"},
-    {kBwdFlagLongestFirst, "lpt"},
-};
-
-// Shared-memory footprint; one formula for the compile-time struct and the
-// run-time description (the registry and the generator check they agree).
+// Shared-memory footprint of the compile-time struct (the generated
+// instantiations static_assert it equals the generator's figure).
 inline constexpr std::size_t bwd_smem_bytes_for(int headdim, int block_n, int block_m, int warps,
                                                 unsigned flags) {
   const int keys_per_warp = (flags & kBwdFlagKeys32) ? 32 : 16;
@@ -203,7 +187,7 @@ struct BwdConfig {
   static_assert(!kOwnHalfRegs || (kDPEarly && kWarpsD == 2), "hreg needs dpe and exactly two warps per key slice");
 };
 
-// The same configuration as run-time values (registry entries, error messages).
+// The same configuration as run-time values (registry entries).
 struct BwdConfigDesc {
   DType dtype;
   int headdim;
@@ -212,23 +196,5 @@ struct BwdConfigDesc {
   int warps;
   unsigned flags;
 };
-
-inline std::string bwd_config_name(const BwdConfigDesc& c) {
-  std::string s = "bwd.";
-  s += dtype_name(c.dtype);
-  s += ".d" + std::to_string(c.headdim) + ".bc" + std::to_string(c.block_n) + ".br" +
-       std::to_string(c.block_m) + ".w" + std::to_string(c.warps);
-  for (const BwdFlagName& f : kBwdFlagNames) {
-    if (c.flags & f.bit) {
-      s += '.';
-      s += f.name;
-    }
-  }
-  return s;
-}
-
-inline constexpr std::size_t bwd_smem_bytes(const BwdConfigDesc& c) {
-  return bwd_smem_bytes_for(c.headdim, c.block_n, c.block_m, c.warps, c.flags);
-}
 
 }  // namespace flashop

@@ -1,12 +1,11 @@
 // The built backward kernels: one entry per generated instantiation
-// (tools/gen_bwd_kernels.py writes registry_bwd.cu defining the table).
+// (tools/codegen.py writes registry_bwd.cu defining the table).
 // Host-only header: the glue includes it without pulling in any kernel code.
 #pragma once
 
 #include <cuda_runtime_api.h>  // cudaError_t, cudaStream_t
 
 #include <cstddef>
-#include <string>
 
 #include "bwd_config.h"
 #include "bwd_params.h"
@@ -20,20 +19,14 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream);
 }  // namespace sm80
 
 struct BwdKernel {
-  const char* name;  // bwd_config_name(desc)
+  const char* name;  // short form, e.g. "bwd.bf16.d128.bc128.br64.w8"
   BwdConfigDesc desc;
   cudaError_t (*launch)(const BwdParams&, cudaStream_t);
   std::size_t smem_bytes;  // dynamic shared memory of the main kernel
 };
 
+// All built backward kernels (defined by the generated registry_bwd.cu).
 const BwdKernel* bwd_kernels();
 int num_bwd_kernels();
-
-inline const BwdKernel* find_bwd_kernel(const std::string& name) {
-  const BwdKernel* k = bwd_kernels();
-  for (int i = 0, n = num_bwd_kernels(); i < n; ++i)
-    if (name == k[i].name) return &k[i];
-  return nullptr;
-}
 
 }  // namespace flashop

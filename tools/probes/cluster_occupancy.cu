@@ -1,6 +1,6 @@
 // How many clusters of 1, 2, 4 and 8 CTAs run at once on this GPU, for a CTA shaped like the Hopper
 // forward's one-tile-per-CTA kernels (threads, dynamic shared memory): cudaOccupancyMaxActiveClusters.
-// The split-last-wave plan (csrc/cuda/sm90/forward_sm90.cu) assumes one CTA per SM and a cluster of 2 on
+// The split-last-wave plan (csrc/cuda/sm90/fwd_launch.cuh) assumes one CTA per SM and a cluster of 2 on
 // every pair of SMs; this checks that on a new GPU.
 //
 //   nvcc -arch=sm_90a -o /tmp/cluster_occupancy tools/probes/cluster_occupancy.cu && /tmp/cluster_occupancy

@@ -1,7 +1,7 @@
 // A CPU emulator for the handful of CUDA features the backward kernels use, so
 // the kernels' index math (fragment layouts, swizzle, tails, causal, GQA,
 // pipelining, deterministic ordering) can be checked on a machine without a
-// GPU. Test-only: included by bwd_ptx.cuh when FLASHOP_BWD_EMULATE is defined,
+// GPU. Test-only: included by ptx.cuh when FLASHOP_BWD_EMULATE is defined,
 // compiled with a host compiler (g++), never part of the extension.
 //
 // Model: every CUDA thread of a block is a fiber (ucontext) on one OS thread;

@@ -64,8 +64,8 @@
 
 #include "../bwd_config.h"
 #include "../bwd_params.h"
-#include "bwd_ptx.cuh"
-#include "bwd_tiles.cuh"
+#include "ptx.cuh"
+#include "tiles.cuh"
 
 #ifndef FLASHOP_BWD_EMULATE
 #include <cuda_runtime.h>
@@ -120,7 +120,7 @@ struct BwdSmem {
 // ---------------------------------------------------------------------------
 // Warp-level products. Accumulators c[i][j] are m16n8 tiles; "KT"/"MT" count
 // m16 row tiles, "NT"/"NQ"/"ND" n8 column tiles. Operands are addressed from
-// lane bases (bwd_tiles.cuh); the n8 tiles of a warp come in pairs, pair np at
+// lane bases (tiles.cuh); the n8 tiles of a warp come in pairs, pair np at
 // a compile-time row/chunk step from the base (warps interleave: pair np of
 // warp w covers columns 16*(w + warps*np), so the warp's own part stays in
 // the base register and np only adds disjoint bits).
@@ -129,7 +129,7 @@ struct BwdSmem {
 // pattern, rows +16 per tile). B^T: n-tile pairs from b_base (tile [n][k],
 // "b" pattern, rows +kBRowStep per pair). S^T = K Q^T and dP^T = V dO^T.
 template <int KT, int NT, int K, int kBRowStep, class TileA, class TileB, typename Elem>
-FLASHOP_BWD_DEV void gemm_nt(float (&c)[KT][NT][4], uint32_t a_base, uint32_t b_base) {
+FLASHOP_SM80_DEV void gemm_nt(float (&c)[KT][NT][4], uint32_t a_base, uint32_t b_base) {
   static_assert(NT % 2 == 0, "n8 tiles come in pairs");
 #pragma unroll
   for (int kc = 0; kc < K / 16; ++kc) {
@@ -153,7 +153,7 @@ FLASHOP_BWD_DEV void gemm_nt(float (&c)[KT][NT][4], uint32_t a_base, uint32_t b_
 // with .trans in n-tile pairs, chunks +kBChunkStep per pair): the inner step of gemm_rb, gemm_sb,
 // gemm_half_regs and gemm_tb.
 template <int KT, int ND, int kBChunkStep, class TileB, typename Elem>
-FLASHOP_BWD_DEV void mma_row_of_b(float (&c)[KT][ND][4], const uint32_t (&a)[KT][4], uint32_t b_base, int row) {
+FLASHOP_SM80_DEV void mma_row_of_b(float (&c)[KT][ND][4], const uint32_t (&a)[KT][4], uint32_t b_base, int row) {
   static_assert(ND % 2 == 0, "n8 tiles come in pairs");
 #pragma unroll
   for (int np = 0; np < ND / 2; ++np) {
@@ -174,7 +174,7 @@ FLASHOP_BWD_DEV void mma_row_of_b(float (&c)[KT][ND][4], const uint32_t (&a)[KT]
 // a2/a3 = tile 2kq+1. B: n-tile pairs from b_base (tile [k][n], "a" pattern,
 // .trans), chunks +kBChunkStep per pair.
 template <int KT, int NQ, int ND, int kBChunkStep, class TileB, typename Elem>
-FLASHOP_BWD_DEV void gemm_rb(float (&c)[KT][ND][4], const float (&a)[KT][NQ][4], uint32_t b_base) {
+FLASHOP_SM80_DEV void gemm_rb(float (&c)[KT][ND][4], const float (&a)[KT][NQ][4], uint32_t b_base) {
   static_assert(NQ % 2 == 0 && ND % 2 == 0, "n8 tiles come in pairs");
 #pragma unroll
   for (int kq = 0; kq < NQ / 2; ++kq) {
@@ -195,7 +195,7 @@ FLASHOP_BWD_DEV void gemm_rb(float (&c)[KT][ND][4], const float (&a)[KT][NQ][4],
 // .trans), chunks +kBChunkStep per pair. dV += P^T dO and dK += dS^T Q when
 // P^T/dS^T are staged in shared memory.
 template <int KT, int K, int ND, int kBChunkStep, class TileA, class TileB, typename Elem>
-FLASHOP_BWD_DEV void gemm_sb(float (&c)[KT][ND][4], uint32_t a_base, uint32_t b_base) {
+FLASHOP_SM80_DEV void gemm_sb(float (&c)[KT][ND][4], uint32_t a_base, uint32_t b_base) {
 #pragma unroll
   for (int kc = 0; kc < K / 16; ++kc) {
     uint32_t a[KT][4];
@@ -214,7 +214,7 @@ FLASHOP_BWD_DEV void gemm_sb(float (&c)[KT][ND][4], uint32_t a_base, uint32_t b_
 // rows +32j from b_own / b_oth, chunks +kBChunkStep per pair. Half the A
 // fragments of gemm_sb's ldmatrix.
 template <int KT, int NJ, int ND, int kBChunkStep, class TileA, class TileB, typename Elem>
-FLASHOP_BWD_DEV void gemm_half_regs(float (&c)[KT][ND][4], const uint32_t (&own)[KT][NJ][4], uint32_t a_oth,
+FLASHOP_SM80_DEV void gemm_half_regs(float (&c)[KT][ND][4], const uint32_t (&own)[KT][NJ][4], uint32_t a_oth,
                                     uint32_t b_own, uint32_t b_oth) {
 #pragma unroll
   for (int j = 0; j < NJ; ++j) {
@@ -235,7 +235,7 @@ FLASHOP_BWD_DEV void gemm_half_regs(float (&c)[KT][ND][4], const uint32_t (&own)
 // from a tile stored [k][n] ("a" pattern, .trans), chunk +kBChunkStep per
 // pair. dQ = dS K from dS^T and K.
 template <int MT, int NT, int K, int kAChunkStep, int kBChunkStep, class TileA, class TileB, typename Elem>
-FLASHOP_BWD_DEV void gemm_tb(float (&c)[MT][NT][4], uint32_t a_base, uint32_t b_base) {
+FLASHOP_SM80_DEV void gemm_tb(float (&c)[MT][NT][4], uint32_t a_base, uint32_t b_base) {
 #pragma unroll
   for (int kc = 0; kc < K / 16; ++kc) {
     uint32_t a[MT][4];
@@ -246,7 +246,7 @@ FLASHOP_BWD_DEV void gemm_tb(float (&c)[MT][NT][4], uint32_t a_base, uint32_t b_
 }
 
 template <int A, int B, int C>
-FLASHOP_BWD_DEV void zero(float (&x)[A][B][C]) {
+FLASHOP_SM80_DEV void zero(float (&x)[A][B][C]) {
 #pragma unroll
   for (int i = 0; i < A; ++i)
 #pragma unroll
@@ -258,7 +258,7 @@ FLASHOP_BWD_DEV void zero(float (&x)[A][B][C]) {
 // ---------------------------------------------------------------------------
 // 1. Preprocess. Grid (seqlen_q_rounded / rows per block, heads_q, batch).
 template <class Cfg>
-FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_preprocess_kernel(const BwdParams p) {
+FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_preprocess_kernel(const BwdParams p) {
   using Elem = typename ElemOf<Cfg::kDType>::type;
   constexpr int D = Cfg::kHeadDim;
   using G = RowGroup<D>;
@@ -311,7 +311,7 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_preprocess
 // ---------------------------------------------------------------------------
 // 2. Main kernel. Grid (ceil(Sk / B_c), heads_k, batch); key tile fastest.
 template <class Cfg>
-FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_kernel(const BwdParams p) {
+FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_kernel(const BwdParams p) {
   using Elem = typename ElemOf<Cfg::kDType>::type;
   using L = BwdSmem<Cfg>;
   using KVTile = typename L::KVTile;
@@ -330,7 +330,7 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
                     L::kDS % 128 == 0 && L::kPT % 128 == 0 && L::kLse % 128 == 0 && L::kDsum % 128 == 0,
                 "tiles must start 128-byte aligned (the swizzled addressing XORs bits 4-6)");
 
-  FLASHOP_BWD_DYNAMIC_SMEM(smem);
+  FLASHOP_SM80_DYNAMIC_SMEM(smem);
   const int tid = thread_x();
   const int lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;  // mma fragment row group / column pair
@@ -384,7 +384,7 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
   constexpr uint32_t kVfromK = L::kV - L::kK, kDOfromQ = L::kDO - L::kQ, kPTfromDS = L::kPT - L::kDS;
   constexpr uint32_t kDsumFromLse = L::kDsum - L::kLse;
 
-  // Lane bases (bwd_tiles.cuh), one per operand role.
+  // Lane bases (tiles.cuh), one per operand role.
   const uint32_t baseK_a = lane_base_a<KVTile>(uK, key_row0, 0, lane);      // A of S^T (+V: dP^T)
   const uint32_t offQ_b = lane_base_b<QTile>(0, 16 * wd, 0, lane);          // B of S^T, dP^T
   const uint32_t offQ_t = lane_base_a<QTile>(0, 0, 2 * wd, lane);           // B of dV, dK (.trans)
@@ -562,7 +562,7 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
       for (int mt = 0; mt < KT; ++mt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          s[mt][nq][e] = exp2_fast(fmaf(s[mt][nq][e], p.scale_log2, -((e & 1) ? l2.y : l2.x)));
+          s[mt][nq][e] = exp2_approx(fmaf(s[mt][nq][e], p.scale_log2, -((e & 1) ? l2.y : l2.x)));
         if (need_mask) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
@@ -611,7 +611,7 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
 #pragma unroll
         for (int nq = 0; nq < NQ; ++nq)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][nq][e] = exp2_fast(s[mt][nq][e]);
+          for (int e = 0; e < 4; ++e) s[mt][nq][e] = exp2_approx(s[mt][nq][e]);
 #pragma unroll
       for (int mt = 0; mt < KT; ++mt)
 #pragma unroll
@@ -787,7 +787,7 @@ FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_ker
 // ---------------------------------------------------------------------------
 // 3. dq = scale * dq_accum, in dtype. Grid (ceil(Sq * D/8 / 256), heads_q, batch).
 template <class Cfg>
-FLASHOP_BWD_GLOBAL void FLASHOP_BWD_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_convert_dq_kernel(const BwdParams p) {
+FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_convert_dq_kernel(const BwdParams p) {
   using Elem = typename ElemOf<Cfg::kDType>::type;
   constexpr int D = Cfg::kHeadDim;
   constexpr int kCPR = D / 8;

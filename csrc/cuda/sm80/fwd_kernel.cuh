@@ -25,7 +25,7 @@
 #include <cstdint>
 
 #include "../fwd_params.h"
-#include "../kernel_config.h"
+#include "../fwd_config.h"
 #include "ptx.cuh"
 #include "tiles.cuh"
 

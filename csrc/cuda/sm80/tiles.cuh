@@ -1,15 +1,18 @@
-// Small typed tiles for the mma.sync forward kernel (ThunderKittens spirit: a
-// tile is a type with a handful of operations, the kernel composes them).
+// Small typed tiles for the mma.sync kernels (ThunderKittens spirit: a tile is
+// a type with a handful of operations, the kernels compose them).
 //
 //   SmemTile<Rows, Cols, Swizzle>  where each element of a Rows x Cols 16-bit
-//                                  tile lives in shared memory
+//                                  tile lives in shared memory (both kernels)
 //   load_tile_async                the cooperative cp.async global->shared copy
+//                                  (forward; the backward's in namespace bwd)
 //   LdsmAddr, *_frag_addr          ldmatrix addressing for the three operand
-//                                  roles of the kernel (A row-major, B from a
+//                                  roles of the forward (A row-major, B from a
 //                                  key-major tile, B^T from a key-major tile)
+//   bwd::lane_base_{a,b,c}         the backward's fragment address bases
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ptx.cuh"
 
@@ -39,33 +42,63 @@ namespace sm80 {
 // one 128-byte line), which the XOR only permutes inside the line, so the
 // cp.async writes stay conflict-free as well. tools/check_sm80_layouts.py
 // checks both claims (and every address formula here) exhaustively.
-template <int kRows_, int kCols_, bool kSwizzle_>
+//
+// Addressing without running out of registers. A fragment address is
+// offset(row, chunk) with row = (lane/warp part) + (compile-time multiple of
+// 8) and chunk = (lane/warp part) + (compile-time part), the two chunk parts
+// having disjoint bits (the kernel interleaves warps so they do). Then
+//   offset(r + R, c + C) = (offset(r, c) ^ ((C % CPB) << 4)) + (C / CPB) * block
+//                          + R * row_bytes
+// (R multiple of 8 leaves the swizzle bits alone; disjoint bits mean no
+// carries). So each operand role keeps one lane base register, and every
+// ldmatrix is one LOP3 (XOR with an immediate, often 0) and an immediate
+// offset: see at().
+template <int kRows_, int kCols_, bool kSwizzle_ = true>
 struct SmemTile {
   static constexpr int kRows = kRows_;
   static constexpr int kCols = kCols_;
   static constexpr bool kSwizzle = kSwizzle_;
   static constexpr int kBlockCols = (kCols % 64 == 0) ? 64 : 32;  // W
   static constexpr int kChunksPerBlockRow = kBlockCols / 8;         // 8 or 4
+  static constexpr int kCPB = kChunksPerBlockRow;
   static constexpr int kColBlocks = kCols / kBlockCols;
   static constexpr int kChunksPerRow = kCols / 8;
   static constexpr int kElems = kRows * kCols;
+  static constexpr uint32_t kRowBytes = uint32_t(kBlockCols) * 2;
+  static constexpr uint32_t kBlockBytes = uint32_t(kRows) * kRowBytes;
   static constexpr uint32_t kBytes = uint32_t(kElems) * 2;
 
   static_assert(kCols % 32 == 0, "tile width must be a multiple of 32 elements");
   static_assert(kRows % 8 == 0, "tile height must be a multiple of 8 rows");
 
-  __device__ __forceinline__ static int swizzle_bits(int row) {
-    return kChunksPerBlockRow == 8 ? (row & 7) : ((row >> 1) & 3);
+  // The chunk bits XOR-ed with a row's chunk index (0 without the swizzle).
+  template <typename I>
+  FLASHOP_SM80_DEV static I swizzle(I row) {
+    return !kSwizzle ? I(0) : kCPB == 8 ? (row & I(7)) : ((row >> 1) & I(3));
   }
 
-  // Byte offset of the 16-byte chunk holding columns [8*chunk, 8*chunk + 8) of `row`.
-  __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
-    const int blk = chunk / kChunksPerBlockRow;
-    int c = chunk % kChunksPerBlockRow;
-    if (kSwizzle) c ^= swizzle_bits(row);
-    return uint32_t(((blk * kRows + row) * kBlockCols + c * 8) * 2);
+  // Byte offset of the 16-byte chunk holding columns [8*chunk, 8*chunk + 8) of `row`. The forward
+  // indexes with int, the backward with uint32_t; the two forms of the sum are equal, but ptxas
+  // schedules each kernel differently with the other's, so each keeps its own (identical SASS).
+  template <typename I>
+  FLASHOP_SM80_DEV static uint32_t offset(I row, I chunk) {
+    const I blk = chunk / I(kCPB), c = (chunk % I(kCPB)) ^ swizzle(row);
+    if constexpr (std::is_signed<I>::value) {
+      return uint32_t(((blk * kRows + row) * kBlockCols + c * 8) * 2);
+    } else {
+      return blk * kBlockBytes + row * kRowBytes + (c << 4);
+    }
+  }
+
+  // offset(r + row_c, c + chunk_c) from base = tile + offset(r, c); row_c a
+  // multiple of 8, chunk_c with bits disjoint from c's (see above).
+  FLASHOP_SM80_DEV static uint32_t at(uint32_t base, int row_c, int chunk_c) {
+    return (base ^ ((uint32_t(chunk_c) % kCPB) << 4)) + (uint32_t(chunk_c) / kCPB) * kBlockBytes +
+           uint32_t(row_c) * kRowBytes;
   }
 };
+
+#ifndef FLASHOP_BWD_EMULATE  // the forward is never compiled for the CPU emulator
 
 // ---------------------------------------------------------------------------
 // Global -> shared: rows [row0, row0 + Rows) of a (seqlen, Cols) slice whose
@@ -83,9 +116,8 @@ struct SmemTile {
 // strides below 2^24 elements, and a tile has at most 128 rows).
 // Only issues the copies; the caller commits the group and later waits.
 template <class Tile, int kThreads, typename Elem>
-__device__ __forceinline__ void load_tile_async(uint32_t smem_base, const Elem* gbase,
-                                                int64_t row_stride, int row0, int row_end,
-                                                int tid) {
+FLASHOP_SM80_DEV void load_tile_async(uint32_t smem_base, const Elem* gbase, int64_t row_stride, int row0,
+                                      int row_end, int tid) {
   constexpr int kCPB = Tile::kChunksPerBlockRow;
   static_assert(kThreads % kCPB == 0, "threads must cover whole block rows");
   constexpr int kRowsPerPass = kThreads / kCPB;
@@ -107,8 +139,8 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem_base, const Elem* 
       const Elem* src = gtile + (thread_off + row * stride);
 #pragma unroll
       for (int blk = 0; blk < Tile::kColBlocks; ++blk) {
-        cp_async_16(dst + uint32_t((blk * Tile::kRows + pass * kRowsPerPass) * Tile::kBlockCols * 2),
-                    src + blk * Tile::kBlockCols, valid);
+        cp_async_16_l2_128b(dst + uint32_t((blk * Tile::kRows + pass * kRowsPerPass) * Tile::kBlockCols * 2),
+                            src + blk * Tile::kBlockCols, valid);
       }
     }
   }
@@ -135,18 +167,18 @@ template <class Tile>
 struct LdsmAddr {
   uint32_t base;
 
-  __device__ __forceinline__ LdsmAddr(uint32_t tile, int lane_row, int lane_half)
+  FLASHOP_SM80_DEV LdsmAddr(uint32_t tile, int lane_row, int lane_half)
       : base(tile + Tile::offset(lane_row, lane_half)) {}
 
   // Same lane pattern in a tile moved by `bytes` (a multiple of 128: a stage).
-  __device__ __forceinline__ LdsmAddr shifted(uint32_t bytes) const {
+  FLASHOP_SM80_DEV LdsmAddr shifted(uint32_t bytes) const {
     LdsmAddr a = *this;
     a.base += bytes;
     return a;
   }
 
   // Block whose top-left is (row0, 16 * cpair). row0: a multiple of 8.
-  __device__ __forceinline__ uint32_t at(int row0, int cpair) const {
+  FLASHOP_SM80_DEV uint32_t at(int row0, int cpair) const {
     constexpr int kCPB = Tile::kChunksPerBlockRow;
     const int c = 2 * cpair;
     const uint32_t xor_bits = uint32_t((c % kCPB) * 16);
@@ -159,7 +191,7 @@ struct LdsmAddr {
 // 1 = rows 8-15 / cols 0-7, 2 = rows 0-7 / cols 8-15, 3 = rows 8-15 / cols
 // 8-15, i.e. a[0..3] in mma order. Lane l: row l % 16, column half l / 16.
 template <class Tile>
-__device__ __forceinline__ LdsmAddr<Tile> a_frag_addr(uint32_t tile, int row_base, int lane) {
+FLASHOP_SM80_DEV LdsmAddr<Tile> a_frag_addr(uint32_t tile, int row_base, int lane) {
   return LdsmAddr<Tile>(tile, row_base + (lane & 15), lane >> 4);
 }
 
@@ -170,7 +202,7 @@ __device__ __forceinline__ LdsmAddr<Tile> a_frag_addr(uint32_t tile, int row_bas
 // 8-15, so b[0], b[1] feed the first n8 tile and b[2], b[3] the second.
 // Lane l: key 8 * (l / 16) + l % 8, dim half (l / 8) % 2.
 template <class Tile>
-__device__ __forceinline__ LdsmAddr<Tile> b_frag_addr(uint32_t tile, int lane) {
+FLASHOP_SM80_DEV LdsmAddr<Tile> b_frag_addr(uint32_t tile, int lane) {
   return LdsmAddr<Tile>(tile, ((lane >> 4) << 3) + (lane & 7), (lane >> 3) & 1);
 }
 
@@ -181,9 +213,136 @@ __device__ __forceinline__ LdsmAddr<Tile> b_frag_addr(uint32_t tile, int lane) {
 // dims 8-15: b[0], b[1] feed the first n8 tile, b[2], b[3] the second.
 // Lane l: key l % 16, dim half l / 16.
 template <class Tile>
-__device__ __forceinline__ LdsmAddr<Tile> bt_frag_addr(uint32_t tile, int lane) {
+FLASHOP_SM80_DEV LdsmAddr<Tile> bt_frag_addr(uint32_t tile, int lane) {
   return LdsmAddr<Tile>(tile, lane & 15, lane >> 4);
 }
 
+#endif  // FLASHOP_BWD_EMULATE
+
+// ---------------------------------------------------------------------------
+// The backward's tiles. It keeps five of them; which operand of which
+// product each one feeds, and therefore which ldmatrix form reads it:
+// K, V (B_c x D, key-major), Q, dO (B_r x D, query-major) and dS^T (+ P^T)
+// (B_c x B_r, key-major).
+//
+//   product        A (rows x k)                 B (k x cols)
+//   S^T = K Q^T    K [key][d], plain "a"        Q [query][d], plain "b"
+//   dP^T = V dO^T  V [key][d], plain "a"        dO [query][d], plain "b"
+//   dV += P^T dO   P^T: registers, or           dO [query][d], .trans "a"
+//                  [key][query] plain "a"
+//   dK += dS^T Q   dS^T: registers, or          Q [query][d], .trans "a"
+//                  [key][query] plain "a"
+//   dQ = dS K      dS^T [key][query], .trans "b"  K [key][d], .trans "a"
+// ("a"/"b": the two lane-to-row maps of ldmatrix.x4, lane_base_a/_b below.)
+//
+// "plain" B: the mma wants B[k][n] pairs along k; a tile stored [n][k] (rows
+// = n) has those pairs side by side in a row, which is what ldmatrix hands a
+// lane. ".trans": the tile is stored [k][n] (rows = k), the pairs are
+// vertical, ldmatrix.trans turns them. dS for dQ is the transpose of the
+// stored dS^T, so its A fragment comes through .trans as well.
+namespace bwd {
+
+// ---------------------------------------------------------------------------
+// Global -> shared, asynchronously: rows [row0, row0 + Rows) of a sequence
+// whose row r starts at gbase + r * row_stride (elements). Rows at or past
+// row_end are zero-filled (their source address is clamped to row0, which
+// is always inside the sequence). Consecutive threads take consecutive
+// 16-byte chunks of a row: coalesced global reads, conflict-free writes.
+// Issues the copies only; the caller commits and waits. enable = false turns
+// every copy into a zero fill (no global read, no branch).
+template <class Tile, int kThreads, typename Elem>
+FLASHOP_SM80_DEV void load_tile_async(uint32_t sbase, const Elem* gbase, int64_t row_stride, int row0,
+                                     int row_end, int tid, bool enable = true) {
+  constexpr int kCPR = Tile::kChunksPerRow;
+  constexpr int kTotal = Tile::kRows * kCPR;
+  constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
+  const Elem* first = gbase + int64_t(row0) * row_stride;
+  if constexpr (kThreads % kCPR == 0 && (kThreads / kCPR) % 8 == 0) {
+    // Every pass moves whole groups of 8 rows: a thread keeps its chunk and
+    // its swizzle, only the row advances.
+    constexpr int kRowsPerPass = kThreads / kCPR;
+    const int r = tid / kCPR, chunk = tid % kCPR;
+    const uint32_t dst = sbase + Tile::offset(uint32_t(r), uint32_t(chunk));
+    const Elem* src = first + int64_t(r) * row_stride + chunk * 8;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      if (kTotal % kThreads == 0 || i * kThreads + tid < kTotal) {
+        const bool valid = enable && row0 + r + i * kRowsPerPass < row_end;
+        cp_async_16(dst + uint32_t(i * kRowsPerPass) * Tile::kRowBytes,
+                    valid ? src + int64_t(i * kRowsPerPass) * row_stride : first, valid);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int idx = i * kThreads + tid;
+      if (kTotal % kThreads == 0 || idx < kTotal) {
+        const int row = idx / kCPR, chunk = idx % kCPR;
+        const bool valid = enable && row0 + row < row_end;
+        const Elem* src = valid ? first + int64_t(row) * row_stride + chunk * 8 : first;
+        cp_async_16(sbase + Tile::offset(uint32_t(row), uint32_t(chunk)), src, valid);
+      }
+    }
+  }
+}
+
+// Shared -> global, 16 bytes per access: rows [0, Rows) of the tile to rows
+// [row0, row0 + Rows) of the destination, skipping rows at or past row_end.
+// The caller brackets it with barriers.
+template <class Tile, int kThreads, typename Elem>
+FLASHOP_SM80_DEV void store_tile(uint32_t sbase, Elem* gbase, int64_t row_stride, int row0, int row_end,
+                                int tid) {
+  constexpr int kCPR = Tile::kChunksPerRow;
+  constexpr int kTotal = Tile::kRows * kCPR;
+  constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int idx = i * kThreads + tid;
+    if (kTotal % kThreads == 0 || idx < kTotal) {
+      const int row = idx / kCPR, chunk = idx % kCPR;
+      if (row0 + row < row_end) {
+        const uint4 v = lds_u128(sbase + Tile::offset(uint32_t(row), uint32_t(chunk)));
+        *reinterpret_cast<uint4*>(gbase + int64_t(row0 + row) * row_stride + chunk * 8) = v;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Lane bases of the fragment loads (ldmatrix.x4: lane l addresses row l%8 of
+// matrix l/8). row_w is the warp's row (a multiple of 8), chunk_w the warp's
+// chunk (even, bits disjoint from the compile-time chunks added by at()).
+//
+// "a" pattern: lane l -> row row_w + l%16, chunk chunk_w + l/16. Matrices:
+// (rows 0-7, chunk 0), (rows 8-15, chunk 0), (rows 0-7, chunk 1), (rows 8-15,
+// chunk 1). Plain: the A fragment a[0..3] of rows x k (tile [row][k]).
+// .trans: b[0], b[1] = B fragment of n-tile chunk 0 (k = rows 0-15, tile
+// [k][n]), b[2], b[3] = n-tile chunk 1.
+template <class Tile>
+FLASHOP_SM80_DEV uint32_t lane_base_a(uint32_t tile, int row_w, int chunk_w, int lane) {
+  return tile + Tile::offset(uint32_t(row_w + (lane & 15)), uint32_t(chunk_w + (lane >> 4)));
+}
+
+// "b" pattern: lane l -> row row_w + 8*(l/16) + l%8, chunk chunk_w + (l/8)%2.
+// Matrices: (rows 0-7, chunk 0), (rows 0-7, chunk 1), (rows 8-15, chunk 0),
+// (rows 8-15, chunk 1). Plain: b[0], b[1] = B fragment (k = chunks 0-1) of
+// n-tile rows 0-7 of a tile stored [n][k], b[2], b[3] = n-tile rows 8-15.
+// .trans: the A fragment a[0..3] of the transpose of a tile stored [k][m]
+// (m = the two chunks, k = the 16 rows): (m 0-7, k 0-7), (m 8-15, k 0-7),
+// (m 0-7, k 8-15), (m 8-15, k 8-15).
+template <class Tile>
+FLASHOP_SM80_DEV uint32_t lane_base_b(uint32_t tile, int row_w, int chunk_w, int lane) {
+  return tile + Tile::offset(uint32_t(row_w + ((lane >> 4) << 3) + (lane & 7)),
+                             uint32_t(chunk_w + ((lane >> 3) & 1)));
+}
+
+// Lane base of the 32-bit stores of an m16n8 accumulator (row g / g+8,
+// columns 2t, 2t+1): row row_w + g, chunk chunk_w, byte 4t of the chunk.
+template <class Tile>
+FLASHOP_SM80_DEV uint32_t lane_base_c(uint32_t tile, int row_w, int chunk_w, int lane) {
+  return tile + Tile::offset(uint32_t(row_w + (lane >> 2)), uint32_t(chunk_w)) + uint32_t(lane & 3) * 4;
+}
+
+}  // namespace bwd
 }  // namespace sm80
 }  // namespace flashop

@@ -1,4 +1,4 @@
-// The table of compiled forward kernels. tools/gen_kernels.py writes
+// The table of compiled forward kernels. tools/codegen.py writes
 // csrc/cuda/instantiations/registry_fwd.cu, which defines fwd_kernels() with
 // one entry per built config, and one fwd_<config>.cu per config with the
 // explicit instantiation of sm80::launch_fwd. The glue looks kernels up here
@@ -10,7 +10,7 @@
 #include <cstddef>
 
 #include "fwd_params.h"
-#include "kernel_config.h"
+#include "fwd_config.h"
 
 namespace flashop {
 
