@@ -277,7 +277,7 @@ FORWARD_CONFIGS: tuple = tuple(_cfg(dt, *shape) for dt in DTYPES for shape in _F
 
 # ---------------------------------------------------------------- backward kernels
 #
-# Names: bwd.<dtype>.d<D>.bc<B_c>.br<B_r>.w<warps>[.k32][.q1][.dpe][.dqe][.pfs][.hreg][.qup][.lpt]; FLASHOP_BWD_KERNELS
+# Names: bwd.<dtype>.d<D>.br<B_r>.bc<B_c>.w<warps>[.k32][.q1][.dpe][.dqe][.pfs][.hreg][.qup][.lpt]; FLASHOP_BWD_KERNELS
 # selects a subset to build. The flags (csrc/cuda/bwd_config.h says more):
 #   k32   32 keys per warp (FlashAttention-2's warp tiles; P^T/dS^T staged in shared memory)
 #   q1    one Q/dO buffer instead of two
@@ -307,7 +307,7 @@ class BackwardConfig:
 
     @property
     def name(self) -> str:
-        parts = ["bwd", self.dtype, f"d{self.headdim}", f"bc{self.block_n}", f"br{self.block_m}", f"w{self.warps}"]
+        parts = ["bwd", self.dtype, f"d{self.headdim}", f"br{self.block_m}", f"bc{self.block_n}", f"w{self.warps}"]
         return ".".join(parts + [f for f in BACKWARD_FLAGS if f in self.flags])
 
     @property
@@ -379,9 +379,9 @@ def parse_backward(name: str) -> BackwardConfig:
     """The inverse of BwdConfig.name."""
     parts = name.split(".")
     if len(parts) < 6 or parts[0] != "bwd":
-        raise ValueError(f"backward config {name!r}: expected bwd.<dtype>.d<D>.bc<B_c>.br<B_r>.w<warps>[.flags]")
+        raise ValueError(f"backward config {name!r}: expected bwd.<dtype>.d<D>.br<B_r>.bc<B_c>.w<warps>[.flags]")
     try:
-        cfg = BackwardConfig(parts[1], int(parts[2][1:]), int(parts[3][2:]), int(parts[4][2:]), int(parts[5][1:]),
+        cfg = BackwardConfig(parts[1], int(parts[2][1:]), int(parts[4][2:]), int(parts[3][2:]), int(parts[5][1:]),
                         tuple(parts[6:]))
     except ValueError:
         raise ValueError(f"backward config {name!r}: malformed field") from None
@@ -646,8 +646,8 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
 #
-# Names: sm90.bwd.<dtype>.d<64|128>.bc128.br64. FlashAttention-2's backward on wgmma + TMA: one producer and
-# two consumer warpgroups per key tile of 128 rows (csrc/cuda/sm90/bwd_kernel_sm90.cuh). Not
+# Names: sm90.bwd.<dtype>.d<64|128>.br64.bc128. FlashAttention-2's backward on wgmma + TMA: one producer and
+# two consumer warpgroups per key tile of 128 rows (csrc/cuda/sm90/bwd_kernel.cuh). Not
 # deterministic (dQ atomics): deterministic=True runs an mma.sync backward config instead.
 
 
@@ -666,7 +666,7 @@ class HopperBackwardConfig:
 
     @property
     def name(self) -> str:
-        return f"sm90.bwd.{self.dtype}.d{self.headdim}.bc{self.block_n}.br{self.block_m}"
+        return f"sm90.bwd.{self.dtype}.d{self.headdim}.br{self.block_m}.bc{self.block_n}"
 
     def runs_on(self, capability: tuple) -> bool:
         return tuple(capability) == (9, 0)
@@ -681,9 +681,9 @@ class HopperBackwardConfig:
     def parse(cls, name: str) -> "HopperBackwardConfig":
         parts = name.split(".")
         if len(parts) != 6 or parts[:2] != ["sm90", "bwd"]:
-            raise ValueError(f"Hopper backward config {name!r}: expected sm90.bwd.<dtype>.d<D>.bc<B_c>.br<B_r>")
+            raise ValueError(f"Hopper backward config {name!r}: expected sm90.bwd.<dtype>.d<D>.br<B_r>.bc<B_c>")
         try:
-            config = cls(parts[2], int(parts[3][1:]), int(parts[4][2:]), int(parts[5][2:]))
+            config = cls(parts[2], int(parts[3][1:]), int(parts[5][2:]), int(parts[4][2:]))
         except ValueError as e:
             raise ValueError(f"Hopper backward config {name!r}: {e}") from None
         if config.name != name:

@@ -133,8 +133,8 @@ def test_nvcc_compiles_representative_kernels(tmp_path):
     forward and backward kernel and the Hopper registries for sm_90a."""
     gen = load_codegen()
     names = {"fwd": ["bf16.d128.br128.bc64.w4.kv2", "fp16.d64.br128.bc64.w4"],
-             "bwd": ["bwd.bf16.d128.bc128.br64.w8.k32"],
-             "sm90_fwd": ["sm90.bf16.d128.br128.bc192.tmao"], "sm90_bwd": ["sm90.bwd.bf16.d128.bc128.br64"]}
+             "bwd": ["bwd.bf16.d128.br64.bc128.w8.k32"],
+             "sm90_fwd": ["sm90.bf16.d128.br128.bc192.tmao"], "sm90_bwd": ["sm90.bwd.bf16.d128.br64.bc128"]}
     selection = {family: [parse_name(n) for n in ns] for family, ns in names.items()}
     jobs = []
     for family in names:

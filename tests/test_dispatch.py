@@ -228,7 +228,7 @@ def test_backward_policy_returns_a_built_config_that_fits(device):
             continue
         name, _ = dispatch.choose_config(device, problem, ALL_BUILT_BACKWARD)
         if device.capability == (9, 0) and problem.headdim in dispatch.HOPPER_BACKWARD_HEADDIMS:
-            assert name == f"sm90.bwd.{problem.dtype}.d{problem.headdim}.bc128.br64"  # the wgmma kernel
+            assert name == f"sm90.bwd.{problem.dtype}.d{problem.headdim}.br64.bc128"  # the wgmma kernel
             continue
         assert name == fitting[0].name  # the first listed mma.sync config that fits
         assert parse_backward(name).smem_bytes() <= device.smem_per_block
@@ -236,7 +236,7 @@ def test_backward_policy_returns_a_built_config_that_fits(device):
 
 def test_backward_wgmma_kernel_only_on_compute_capability_9_0():
     problem = dispatch.Problem("bf16", 128, 4096, 4096, 16, True, "backward")
-    assert dispatch.choose_config(DEVICES["H100"], problem, ALL_BUILT_BACKWARD)[0] == "sm90.bwd.bf16.d128.bc128.br64"
+    assert dispatch.choose_config(DEVICES["H100"], problem, ALL_BUILT_BACKWARD)[0] == "sm90.bwd.bf16.d128.br64.bc128"
     assert dispatch.choose_config(DEVICES["A100"], problem, ALL_BUILT_BACKWARD)[0].startswith("bwd.")
     # Another head dimension on 9.0 keeps the mma.sync default.
     d64 = dataclasses.replace(problem, headdim=64)
@@ -253,12 +253,12 @@ def test_policy_report_lists_every_family_and_both_picks():
     text = "\n".join(lines)
     assert f"built forward configs ({len(built['forward'])})" in text
     assert f"built backward configs ({len(ALL_BUILT_BACKWARD)})" in text
-    assert "sm90.bwd.bf16.d128.bc128.br64" in text and "sm90.bf16.d128.br128.bc176.tmao" in text
+    assert "sm90.bwd.bf16.d128.br64.bc128" in text and "sm90.bf16.d128.br128.bc176.tmao" in text
     fwd = next(line for line in lines if line.lstrip().startswith("forward ("))
     bwd = next(line for line in lines if line.lstrip().startswith("backward ("))
     forward_problem = dispatch.Problem("bf16", 128, 8192, 8192, 64, True)
     assert dispatch.choose_config(DEVICES["H100"], forward_problem, built["forward"])[0] in fwd
-    assert "sm90.bwd.bf16.d128.bc128.br64" in bwd
+    assert "sm90.bwd.bf16.d128.br64.bc128" in bwd
     # A part that cannot run a headdim says so instead of failing.
     lines = policy.describe(built, DEVICES["RTX4090"], (1, 1024, 1024, 8, 256), "bf16", False)
     assert any("backward: " in line and "no built CUDA kernel runs" in line for line in lines)
@@ -268,5 +268,5 @@ def test_named_wgmma_backward_cannot_be_deterministic():
     """The rule the CUDA kernel and the fake kernel share (eager and trace time): a named sm90.bwd config
     has no ordered dQ mode."""
     with pytest.raises(RuntimeError, match="deterministic=True needs an mma.sync backward config"):
-        dispatch.check_config("sm90.bwd.bf16.d128.bc128.br64", torch.device("cuda"), torch.bfloat16, 128, "backward",
+        dispatch.check_config("sm90.bwd.bf16.d128.br64.bc128", torch.device("cuda"), torch.bfloat16, 128, "backward",
                               deterministic=True)

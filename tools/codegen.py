@@ -150,7 +150,7 @@ def _sm90_fwd_entry(cfg) -> str:
 # ---------------------------------------------------------------- Hopper backward (flashop._C_sm90)
 
 def _sm90_bwd_type(cfg) -> str:
-    """Sm90BwdTraits<kBf16, D> (csrc/cuda/sm90/bwd_kernel_sm90.cuh; B_c = 128, B_r = 64 fixed)."""
+    """Sm90BwdTraits<kBf16, D> (csrc/cuda/sm90/bwd_kernel.cuh; B_c = 128, B_r = 64 fixed)."""
     return f"::flashop::sm90::Sm90BwdTraits<{_BOOL[cfg.dtype == 'bf16']}, {cfg.headdim}>"
 
 
@@ -213,7 +213,7 @@ FAMILIES = {
                        ["sm90/fwd_kernel.cuh", "sm90/registry_sm90.cuh"], ["flashop", "sm90"], "Sm90FwdKernel",
                        "sm90_fwd_kernels", "Hopper forward"),
     "sm90_bwd": Family("sm90_bwd_", _sm90_bwd_file, _sm90_bwd_source, _sm90_bwd_entry, "registry_sm90_bwd.cu",
-                       ["sm90/bwd_kernel_sm90.cuh", "sm90/registry_sm90.cuh"], ["flashop", "sm90"],
+                       ["sm90/bwd_kernel.cuh", "sm90/registry_sm90.cuh"], ["flashop", "sm90"],
                        "Sm90BwdKernel", "sm90_bwd_kernels", "Hopper backward"),
 }
 # The families each extension module compiles.

@@ -1,6 +1,6 @@
 // The backward kernel configuration: a compile-time struct (BwdConfig) that the
 // kernels turn into constants, and its short string form
-//   "bwd.<dtype>.d<D>.bc<B_c>.br<B_r>.w<warps>[.<flag>...]", e.g. "bwd.bf16.d128.bc128.br64.w8".
+//   "bwd.<dtype>.d<D>.br<B_r>.bc<B_c>.w<warps>[.<flag>...]", e.g. "bwd.bf16.d128.br64.bc128.w8".
 // B_c (block_n) is the number of key/value rows a thread block owns for the
 // whole kernel; B_r (block_m) is the number of query rows per step of its loop.
 // Plain C++17: no torch, no CUDA headers. DType comes from kernel_config.h, as

@@ -19,7 +19,7 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream);
 }  // namespace sm80
 
 struct BwdKernel {
-  const char* name;  // short form, e.g. "bwd.bf16.d128.bc128.br64.w8"
+  const char* name;  // short form, e.g. "bwd.bf16.d128.br64.bc128.w8"
   BwdConfigDesc desc;
   cudaError_t (*launch)(const BwdParams&, cudaStream_t);
   std::size_t smem_bytes;  // dynamic shared memory of the main kernel

@@ -22,7 +22,7 @@ enum FwdFlag : unsigned {
   // qreg: Q's mma fragments stay in registers for the whole key loop (one ldmatrix
   // pass) instead of being re-read from shared memory for every key tile.
   kFlagQInRegs = 1u << 1,
-  // noswz: plain row-major shared tiles without the XOR swizzle (ablation: shows
+  // noswz: plain row-major shared tiles without the XOR swizzle (built only when named: shows
   // what ldmatrix bank conflicts cost).
   kFlagNoSwizzle = 1u << 2,
 };

@@ -168,33 +168,33 @@ int main(int argc, char** argv) {
   int suites = 0;
   const bool edge = argc > 4 && std::string(argv[4]) == "edge";
 #define CASE(tag, ...) if (which == "all" || which == tag) { ok &= run_suite<BwdConfig<__VA_ARGS__>>(tag, edge); ++suites; }
-  CASE("bf16.d64.bc64.br64.w4", DType::kBf16, 64, 64, 64, 4, 0)
-  CASE("fp16.d32.bc32.br32.w2", DType::kFp16, 32, 32, 32, 2, 0)
-  CASE("bf16.d128.bc128.br64.w8", DType::kBf16, 128, 128, 64, 8, 0)
-  CASE("bf16.d128.bc128.br64.w8.k32", DType::kBf16, 128, 128, 64, 8, kBwdFlagKeys32)
-  CASE("fp16.d96.bc64.br64.w8", DType::kFp16, 96, 64, 64, 8, 0)
-  CASE("bf16.d256.bc64.br64.w8.q1", DType::kBf16, 256, 64, 64, 8, kBwdFlagSingleBuffer)
-  CASE("fp16.d192.bc64.br64.w8.k32.q1", DType::kFp16, 192, 64, 64, 8, kBwdFlagKeys32 | kBwdFlagSingleBuffer)
+  CASE("bf16.d64.br64.bc64.w4", DType::kBf16, 64, 64, 64, 4, 0)
+  CASE("fp16.d32.br32.bc32.w2", DType::kFp16, 32, 32, 32, 2, 0)
+  CASE("bf16.d128.br64.bc128.w8", DType::kBf16, 128, 128, 64, 8, 0)
+  CASE("bf16.d128.br64.bc128.w8.k32", DType::kBf16, 128, 128, 64, 8, kBwdFlagKeys32)
+  CASE("fp16.d96.br64.bc64.w8", DType::kFp16, 96, 64, 64, 8, 0)
+  CASE("bf16.d256.br64.bc64.w8.q1", DType::kBf16, 256, 64, 64, 8, kBwdFlagSingleBuffer)
+  CASE("fp16.d192.br64.bc64.w8.k32.q1", DType::kFp16, 192, 64, 64, 8, kBwdFlagKeys32 | kBwdFlagSingleBuffer)
   // The reordered staged path (dpe, dqe, pfs, hreg): the shipped d64/d128 rows, and the other
   // combinations the flags allow (dpe alone, pfs without dpe, q1 and four warps per key slice).
   constexpr unsigned kAll = kBwdFlagKeys32 | kBwdFlagDPEarly | kBwdFlagDQEarly | kBwdFlagPrefetchS | kBwdFlagOwnHalfRegs;
-  CASE("bf16.d64.bc128.br128.w8.k32.dpe.dqe.pfs.hreg", DType::kBf16, 64, 128, 128, 8, kAll)
-  CASE("fp16.d128.bc128.br64.w8.k32.dpe.dqe.pfs.hreg", DType::kFp16, 128, 128, 64, 8, kAll)
-  CASE("bf16.d128.bc128.br64.w8.k32.dpe.dqe.pfs", DType::kBf16, 128, 128, 64, 8, kAll & ~kBwdFlagOwnHalfRegs)
+  CASE("bf16.d64.br128.bc128.w8.k32.dpe.dqe.pfs.hreg", DType::kBf16, 64, 128, 128, 8, kAll)
+  CASE("fp16.d128.br64.bc128.w8.k32.dpe.dqe.pfs.hreg", DType::kFp16, 128, 128, 64, 8, kAll)
+  CASE("bf16.d128.br64.bc128.w8.k32.dpe.dqe.pfs", DType::kBf16, 128, 128, 64, 8, kAll & ~kBwdFlagOwnHalfRegs)
   // qup: the upward walks (causal from the diagonal, else rotated by the key tile).
-  CASE("fp16.d64.bc128.br128.w8.k32.dpe.dqe.pfs.hreg.qup", DType::kFp16, 64, 128, 128, 8, kAll | kBwdFlagWalkUp)
-  CASE("bf16.d128.bc128.br64.w8.k32.dpe.dqe.pfs.hreg.qup", DType::kBf16, 128, 128, 64, 8, kAll | kBwdFlagWalkUp)
-  CASE("bf16.d64.bc64.br64.w4.qup", DType::kBf16, 64, 64, 64, 4, kBwdFlagWalkUp)
+  CASE("fp16.d64.br128.bc128.w8.k32.dpe.dqe.pfs.hreg.qup", DType::kFp16, 64, 128, 128, 8, kAll | kBwdFlagWalkUp)
+  CASE("bf16.d128.br64.bc128.w8.k32.dpe.dqe.pfs.hreg.qup", DType::kBf16, 128, 128, 64, 8, kAll | kBwdFlagWalkUp)
+  CASE("bf16.d64.br64.bc64.w4.qup", DType::kBf16, 64, 64, 64, 4, kBwdFlagWalkUp)
   // lpt: causal blocks renumbered key-tile major within groups of (batch, kv head) pairs.
-  CASE("bf16.d64.bc128.br128.w8.k32.dpe.dqe.pfs.hreg.lpt", DType::kBf16, 64, 128, 128, 8, kAll | kBwdFlagLongestFirst)
-  CASE("fp16.d128.bc128.br64.w8.k32.dpe.dqe.pfs.hreg.qup.lpt", DType::kFp16, 128, 128, 64, 8,
+  CASE("bf16.d64.br128.bc128.w8.k32.dpe.dqe.pfs.hreg.lpt", DType::kBf16, 64, 128, 128, 8, kAll | kBwdFlagLongestFirst)
+  CASE("fp16.d128.br64.bc128.w8.k32.dpe.dqe.pfs.hreg.qup.lpt", DType::kFp16, 128, 128, 64, 8,
        kAll | kBwdFlagWalkUp | kBwdFlagLongestFirst)
-  CASE("fp16.d64.bc128.br128.w8.k32.dpe", DType::kFp16, 64, 128, 128, 8, kBwdFlagKeys32 | kBwdFlagDPEarly)
-  CASE("bf16.d32.bc128.br128.w8.k32.dqe.pfs", DType::kBf16, 32, 128, 128, 8, kBwdFlagKeys32 | kBwdFlagDQEarly | kBwdFlagPrefetchS)
-  CASE("fp16.d192.bc64.br64.w8.k32.q1.dpe.dqe", DType::kFp16, 192, 64, 64, 8,
+  CASE("fp16.d64.br128.bc128.w8.k32.dpe", DType::kFp16, 64, 128, 128, 8, kBwdFlagKeys32 | kBwdFlagDPEarly)
+  CASE("bf16.d32.br128.bc128.w8.k32.dqe.pfs", DType::kBf16, 32, 128, 128, 8, kBwdFlagKeys32 | kBwdFlagDQEarly | kBwdFlagPrefetchS)
+  CASE("fp16.d192.br64.bc64.w8.k32.q1.dpe.dqe", DType::kFp16, 192, 64, 64, 8,
        kBwdFlagKeys32 | kBwdFlagSingleBuffer | kBwdFlagDPEarly | kBwdFlagDQEarly)
   // The d256 row of the reordered staged path (four warps per key slice).
-  CASE("bf16.d256.bc64.br64.w8.k32.dpe.dqe.pfs", DType::kBf16, 256, 64, 64, 8,
+  CASE("bf16.d256.br64.bc64.w8.k32.dpe.dqe.pfs", DType::kBf16, 256, 64, 64, 8,
        kBwdFlagKeys32 | kBwdFlagDPEarly | kBwdFlagDQEarly | kBwdFlagPrefetchS)
   if (suites == 0) {  // an unknown config name must not pass by testing nothing
     printf("no config named %s\n", which.c_str());

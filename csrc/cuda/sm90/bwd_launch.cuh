@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "../sm80/bwd_kernel.cuh"
-#include "bwd_kernel_sm90.cuh"
+#include "bwd_kernel.cuh"
 #include "registry_sm90.cuh"
 #include "tensor_maps.h"
 

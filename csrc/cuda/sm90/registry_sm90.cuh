@@ -69,7 +69,7 @@ constexpr Sm90FwdKernel fwd_entry(const char* name) {
 }
 
 struct Sm90BwdKernel {
-  const char* name;  // "sm90.bwd.<dtype>.d128.bc128.br64"
+  const char* name;  // "sm90.bwd.<dtype>.d128.br64.bc128"
   // Preprocess, main and dQ conversion kernels on `stream`, from params filled by the backward glue
   // (csrc/cuda/glue.h); cudaErrorInvalidValue for arguments the kernel does not take
   // (another head dimension, deterministic mode).
