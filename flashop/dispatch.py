@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from .configs import HopperBackwardConfig, HopperConfig, KernelConfig, parse_backward
+from .configs import HopperBackwardConfig, HopperConfig, KernelConfig, parse_name
 
 CPU_CONFIG = "cpu"
 
@@ -278,16 +278,8 @@ def _shape_of(config: KernelConfig):
     return (config.block_m, config.block_n, config.warps, config.flags)
 
 
-def parse_config(name: str):
-    """KernelConfig (mma.sync forward), HopperConfig (`sm90.` names), BackwardConfig (`bwd.` names) or
-    HopperBackwardConfig (`sm90.bwd.` names)."""
-    if name.startswith("bwd."):
-        return parse_backward(name)
-    if name.startswith("sm90.bwd."):
-        return HopperBackwardConfig.parse(name)
-    if name.startswith("sm90."):
-        return HopperConfig.parse(name)
-    return KernelConfig.parse(name)
+# The config a name denotes, by its family's prefix (one parser for the generator, the policy and the tests).
+parse_config = parse_name
 
 
 def runs_on(config, capability: tuple[int, int]) -> bool:
