@@ -31,8 +31,8 @@ def max_error(a, b):
     return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
 
 
-def assert_close_to_reference(ours, reference, torch_lowp, name, atol_floor=1e-5):
-    """FlashAttention's criterion: our error against the float64 reference is at most twice
+def assert_close_to_reference(ours, reference, torch_lowp, name, atol_floor=1e-5, factor=2):
+    """FlashAttention's criterion: our error against the float64 reference is at most `factor` times
     PyTorch's own error in the same dtype, plus a small epsilon.
 
     The bound is never below the dtype's epsilon times the largest reference value (one to two units
@@ -42,6 +42,12 @@ def assert_close_to_reference(ours, reference, torch_lowp, name, atol_floor=1e-5
     err = max_error(ours, reference)
     largest = reference.abs().max().item() if reference.numel() else 0.0
     one_ulp = torch.finfo(ours.dtype).eps * largest if ours.dtype.is_floating_point else 0.0
-    bound = max(2 * max_error(torch_lowp, reference) + atol_floor, one_ulp)
-    assert err <= bound, (f"{name}: max error {err:.3e} exceeds max(2x PyTorch's error + eps, dtype eps x largest "
+    bound = max(factor * max_error(torch_lowp, reference) + atol_floor, one_ulp)
+    assert err <= bound, (f"{name}: max error {err:.3e} exceeds max({factor}x PyTorch's error + eps, dtype eps x largest "
                           f"value) = {bound:.3e}")
+
+
+def assert_grad_close_to_reference(ours, reference, torch_lowp, name):
+    """Gradients: FlashAttention-2's own tests allow three times PyTorch's error (twice for the output).
+    dQ, dK and dV sum products of rounded P and dS, so their error grows with one more rounding than O's."""
+    assert_close_to_reference(ours, reference, torch_lowp, name, atol_floor=1e-4, factor=3)

@@ -7,7 +7,7 @@ import torch
 import flashop
 from flashop import dispatch
 from flashop.configs import HopperBackwardConfig
-from reference import assert_close_to_reference, attention_reference
+from reference import assert_grad_close_to_reference, attention_reference
 from test_forward import make_qkv
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0)
@@ -40,7 +40,7 @@ def check(name, q, k, v, causal, dout=None):
     lowp = _reference_grads(q, k, v, dout, causal, False)
     for label, ours_g, ref_g, lowp_g, inp in zip(("dq", "dk", "dv"), ours, ref, lowp, (q, k, v)):
         assert ours_g.shape == inp.shape and ours_g.dtype == inp.dtype
-        assert_close_to_reference(ours_g, ref_g, lowp_g, label, atol_floor=1e-4)
+        assert_grad_close_to_reference(ours_g, ref_g, lowp_g, label)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
