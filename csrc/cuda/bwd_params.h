@@ -56,7 +56,7 @@ struct BwdParams {
   int heads_q;
   int heads_k;
   int head_ratio;  // heads_q / heads_k: kv_head = q_head / head_ratio (GQA/MQA)
-  int headdim;     // must equal the kernel's compile-time head dimension
+  int headdim;     // a multiple of 8, at most the kernel's tile width (Cfg::kHeadDim)
   int num_m_blocks;  // ceil(seqlen_q / B_r) of the launched config (semaphore row length)
   int sm_count;      // multiprocessors of the device (sizes the lpt block groups, bwd_config.h)
   int64_t l2_bytes;  // L2 cache of the device (caps the lpt block groups)

@@ -37,7 +37,7 @@ struct FwdParams {
   // kernel divides with one multiply-high, exact for heads below 2^16, and
   // keeps kv_head in uniform registers (a real division would not).
   uint32_t head_ratio_magic;
-  int headdim;     // must equal the kernel's compile-time head dimension
+  int headdim;     // a multiple of 8, at most the kernel's tile width (Cfg::kHeadDim)
 
   float scale;       // softmax_scale (> 0; the glue folds a negative scale into q)
   float scale_log2;  // softmax_scale * log2(e): exp(x*scale) = exp2(x*scale_log2)

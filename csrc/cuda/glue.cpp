@@ -74,8 +74,10 @@ void check_kernel_fits(const char* op, const std::string& config, DType kernel_d
                        const at::Device& where) {
   TORCH_CHECK(kernel_dtype == dtype, op, ": kernel config '", config, "' is for ", dtype_name(kernel_dtype),
               " but q is ", dtype_name(dtype));
-  TORCH_CHECK(kernel_headdim == headdim, op, ": kernel config '", config, "' is for head dimension ",
+  TORCH_CHECK(headdim <= kernel_headdim, op, ": kernel config '", config, "' is for head dimensions up to ",
               to_string(kernel_headdim), " but q has head dimension ", to_string(headdim));
+  TORCH_CHECK(headdim % 8 == 0, op, ": the CUDA kernels take head dimensions that are multiples of 8 (16-byte rows); ",
+              "got ", to_string(headdim), " (the flashop ops pad other head dimensions)");
   TORCH_CHECK(dev.sm >= min_sm, op, ": kernel config '", config, "' needs compute capability ", to_string(min_sm / 10),
               ".", to_string(min_sm % 10));
   TORCH_CHECK(static_cast<long long>(smem_bytes) <= dev.smem_optin, op, ": kernel config '", config, "' needs ",

@@ -42,8 +42,9 @@ const Device& device(int index, const char* op);
 // messages.
 DType check_cuda_inputs(const at::Tensor& q, double softmax_scale, const char* op, const char* backend);
 
-// A kernel config named explicitly must take q's dtype and head dimension, run on the device's
-// compute capability (min_sm) and fit its shared memory.
+// A kernel config named explicitly must take q's dtype, be at least as wide as q's head dimension (a
+// kernel of tile width W takes every head dimension up to W that is a multiple of 8), run on the
+// device's compute capability (min_sm) and fit its shared memory.
 void check_kernel_fits(const char* op, const std::string& config, DType kernel_dtype, int kernel_headdim,
                        std::size_t smem_bytes, int min_sm, DType dtype, int64_t headdim, const Device& dev,
                        const at::Device& where);
