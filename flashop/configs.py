@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 DTYPES = ("fp16", "bf16")
-HEADDIMS = (32, 64, 96, 128, 192, 256)
+HEADDIMS = (32, 64, 96, 128, 160, 192, 224, 256)  # tile widths: a kernel of width W takes every headdim up to W
 BLOCK_NS = (32, 64, 128)
 WARPS = (2, 4, 8)
 # Flag name -> KernelConfig field, in canonical (short-form) order.
