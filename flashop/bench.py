@@ -159,15 +159,28 @@ def cpu_cases(args):
                         yield Case(dtype, headdim, seqlen, batch, args.heads or 8, causal, mode)
 
 
+# The default GPU sweep: every length at the common head dimensions, and the other widths models use
+# (ViT-H and Phi-2 80, 96, 160, 192, 224) at three lengths in bf16.
+CUDA_HEADDIMS = (64, 128, 256)
+CUDA_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+OTHER_HEADDIMS = (80, 96, 160, 192, 224)
+OTHER_SEQLENS = (1024, 4096, 16384)
+
+
 def cuda_cases(args):
-    for dtype in args.dtypes or ["bf16", "fp16"]:
-        for headdim in args.headdims or [64, 128, 256]:
-            for causal in args.causal:
-                for seqlen in args.seqlens or [512, 1024, 2048, 4096, 8192, 16384]:
-                    for mode in args.modes or ["fwd"]:
-                        batch = max(1, args.tokens // seqlen)
-                        heads = args.heads or 2048 // headdim  # 16 heads at d128
-                        yield Case(dtype, headdim, seqlen, batch, heads, causal, mode)
+    sweeps = [(args.dtypes or ["bf16", "fp16"], args.headdims or CUDA_HEADDIMS, args.seqlens or CUDA_SEQLENS)]
+    if not args.headdims:
+        sweeps.append(([d for d in args.dtypes or ["bf16"] if d == "bf16"], OTHER_HEADDIMS,
+                       args.seqlens or OTHER_SEQLENS))
+    for dtypes, headdims, seqlens in sweeps:
+        for dtype in dtypes:
+            for headdim in headdims:
+                for causal in args.causal:
+                    for seqlen in seqlens:
+                        for mode in args.modes or ["fwd"]:
+                            batch = max(1, args.tokens // seqlen)
+                            heads = args.heads or max(1, 2048 // headdim)  # 16 heads at d128
+                            yield Case(dtype, headdim, seqlen, batch, heads, causal, mode)
 
 
 def run_case(case: Case, device: str, peers: list[str], config=None, rounds: int = 1) -> Result:

@@ -95,9 +95,21 @@ def dtype_and_headdim(name: str) -> tuple[str, int]:
 
 
 @functools.lru_cache(maxsize=None)
-def _built_pairs(direction: str) -> frozenset:
-    """(dtype code, headdim) pairs some built kernel takes: the per-call check stays a set lookup."""
-    return frozenset(map(dtype_and_headdim, _built(direction)))
+def _built_widths(direction: str) -> dict:
+    """dtype code -> the widest built kernel's tile width: the per-call check stays a lookup."""
+    widest = {}
+    for dtype, width in map(dtype_and_headdim, _built(direction)):
+        widest[dtype] = max(widest.get(dtype, 0), width)
+    return widest
+
+
+def kernel_headdim(headdim: int) -> int:
+    """The head dimension a CUDA kernel runs for `headdim`: the next multiple of 8 (16-byte rows). The
+    CUDA ops pad q, k, v (and the backward's out, dout) with zero columns to it when it differs."""
+    return -(-headdim // 8) * 8
+
+
+NO_KERNEL_HINT = "CUDA kernels take float16/bfloat16 with headdim 1 to 256"
 
 
 def check_config(config: str | None, device: torch.device, dtype: torch.dtype, headdim: int, direction: str,
@@ -109,12 +121,11 @@ def check_config(config: str | None, device: torch.device, dtype: torch.dtype, h
     if config is None:
         if device.type == "cuda":
             code = dtype_code(dtype) or str(dtype).removeprefix("torch.")
-            # Compare rather than hash: headdim is a SymInt while tracing with dynamic shapes.
-            if not any(code == d and headdim == hd for d, hd in _built_pairs(direction)):
+            if not kernel_headdim(headdim) <= _built_widths(direction).get(code, 0):
                 built = built_configs(direction)
                 raise RuntimeError(
                     f"{op}: no built CUDA kernel runs {code} headdim {headdim} (built: {', '.join(built) or 'none'}); "
-                    "CUDA kernels take float16/bfloat16 with headdim 32, 64, 96, 128, 192 or 256")
+                    f"{NO_KERNEL_HINT}")
         return
     if device.type != "cuda":
         if config != CPU_CONFIG:
@@ -128,8 +139,8 @@ def check_config(config: str | None, device: torch.device, dtype: torch.dtype, h
     if config not in built:
         raise RuntimeError(f"{op}: unknown kernel config '{config}'; built configs: {', '.join(built) or '(none)'}")
     config_dtype, config_headdim = dtype_and_headdim(config)
-    if config_dtype != dtype_code(dtype) or config_headdim != headdim:
-        raise RuntimeError(f"{op}: kernel config '{config}' is for {config_dtype} headdim {config_headdim}, "
+    if config_dtype != dtype_code(dtype) or config_headdim < kernel_headdim(headdim):
+        raise RuntimeError(f"{op}: kernel config '{config}' is for {config_dtype} headdim up to {config_headdim}, "
                            f"but the inputs are {dtype} headdim {headdim}")
 
 
@@ -289,14 +300,19 @@ def runs_on(config, capability: tuple[int, int]) -> bool:
 
 
 def candidates(device: DeviceInfo, problem: Problem, built: list[str]) -> list:
-    """Built configs that run this problem on this device: dtype and headdim match, shared memory fits."""
-    out = []
+    """Built configs that run this problem on this device: the dtype matches, shared memory fits and,
+    in each kernel family, the tile width is the narrowest built one that holds the head dimension
+    (wider tiles only add zero columns to every product)."""
+    fitting = []
     for name in built:
         config = parse_config(name)
-        if (config.dtype == problem.dtype and config.headdim == problem.headdim
+        if (config.dtype == problem.dtype and config.headdim >= kernel_headdim(problem.headdim)
                 and config.smem_bytes() <= device.smem_per_block and runs_on(config, device.capability)):
-            out.append(config)
-    return out
+            fitting.append(config)
+    narrowest = {}
+    for config in fitting:
+        narrowest[type(config)] = min(narrowest.get(type(config), 1 << 30), config.headdim)
+    return [c for c in fitting if c.headdim == narrowest[type(c)]]
 
 
 def choose_config(device: DeviceInfo, problem: Problem, built: list[str], tuned: dict | None = None):
@@ -306,24 +322,23 @@ def choose_config(device: DeviceInfo, problem: Problem, built: list[str], tuned:
     if not pool:
         raise RuntimeError(
             f"flashop.{problem.direction}: no built CUDA kernel runs {problem.dtype} headdim {problem.headdim} on "
-            f"{device.name} (built: {', '.join(built) or 'none'}); CUDA kernels take float16/bfloat16 with "
-            "headdim 32, 64, 96, 128, 192 or 256")
+            f"{device.name} (built: {', '.join(built) or 'none'}); {NO_KERNEL_HINT}")
     names = {c.name: c for c in pool}
     key = bucket_key(problem)
     if tuned and tuned.get(key) in names:
         return tuned[key], f"tuned cache entry {key}"
     if problem.direction == "backward":
         hopper_bwd = [c for c in pool if isinstance(c, HopperBackwardConfig)]
-        if hopper_bwd and problem.headdim in HOPPER_BACKWARD_HEADDIMS:
+        if hopper_bwd and hopper_bwd[0].headdim in HOPPER_BACKWARD_HEADDIMS:
             return hopper_bwd[0].name, "backward default on compute capability 9.0: the wgmma kernel"
         # Backward configs are listed best first per headdim (flashop/configs.py, BACKWARD_CONFIGS).
         pool = [c for c in pool if not isinstance(c, HopperBackwardConfig)] or pool
         return pool[0].name, "backward default: first listed config that is built and fits"
     hopper = [c for c in pool if isinstance(c, HopperConfig) and c.pingpong]
     if hopper:
-        return _hopper_variant(hopper, problem, device.sm_count)
+        return _hopper_variant(hopper, dataclasses.replace(problem, headdim=hopper[0].headdim), device.sm_count)
     pool = [c for c in pool if isinstance(c, KernelConfig)]
-    order = heuristic_order(problem)
+    order = heuristic_order(dataclasses.replace(problem, headdim=pool[0].headdim))
     rank = {shape: i for i, shape in enumerate(order)}
     ranked = sorted(pool, key=lambda c: (rank.get(_shape_of(c), len(order)), -c.block_m, -c.block_n))
     best = ranked[0]

@@ -51,9 +51,11 @@ if _C.WITH_CUDA:
         if config is None:
             config = dispatch.config_for(q, k, causal, "forward")
         scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
-        if config.startswith("sm90."):
-            return dispatch.hopper_module().forward(q, k, v, scale, causal, config)
-        return _C.forward(q, k, v, scale, causal, config)
+        headdim = q.size(-1)
+        q, k, v = _pad_headdim(q, k, v)
+        native = dispatch.hopper_module() if config.startswith("sm90.") else _C
+        out, softmax_lse = native.forward(q, k, v, scale, causal, config)
+        return _unpad_headdim(headdim, out)[0], softmax_lse
 
     @torch.library.register_kernel("flashop::backward", "cuda")
     def _backward_cuda(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, config=None,
@@ -66,10 +68,22 @@ if _C.WITH_CUDA:
             if deterministic and config.startswith("sm90.bwd."):  # no ordered mode: the mma.sync pick
                 config = dispatch.mma_sync_backward_config(q, k, causal)
         scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
-        if config.startswith("sm90.bwd."):
-            return dispatch.hopper_module().backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic,
-                                                     config)
-        return _C.backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, config)
+        headdim = q.size(-1)
+        dout, q, k, v, out = _pad_headdim(dout, q, k, v, out)
+        native = dispatch.hopper_module() if config.startswith("sm90.bwd.") else _C
+        grads = native.backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, config)
+        return _unpad_headdim(headdim, *grads)
+
+    def _pad_headdim(*tensors):
+        """The CUDA kernels read and write 16-byte rows: a head dimension that is not a multiple of 8 gets
+        zero columns up to the next one (zeros add nothing to q.k, and give zero output columns)."""
+        pad = dispatch.kernel_headdim(tensors[0].size(-1)) - tensors[0].size(-1)
+        return tensors if pad == 0 else tuple(torch.nn.functional.pad(t, (0, pad)) for t in tensors)
+
+    def _unpad_headdim(headdim, *tensors):
+        if tensors[0].size(-1) == headdim:
+            return tensors
+        return tuple(t[..., :headdim].contiguous() for t in tensors)
 
 
 # ---------------------------------------------------------------- FlashAttention-style API

@@ -129,10 +129,12 @@ def nvcc_compile(source, out_dir, arch="80"):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_nvcc_compiles_representative_kernels(tmp_path):
-    """Generated files with setup.py's nvcc flags: forward and backward mma.sync kernels for sm_80, a Hopper
-    forward and backward kernel and the Hopper registries for sm_90a."""
+    """Generated files with setup.py's nvcc flags: forward and backward mma.sync kernels for sm_80 (each
+    forward file holds the full-width kernel and the one for narrower head dimensions; d160 is a width
+    of 32-column blocks that is not a power of two), a Hopper forward and backward kernel and the
+    Hopper registries for sm_90a."""
     gen = load_codegen()
-    names = {"fwd": ["bf16.d128.br128.bc64.w4.kv2", "fp16.d64.br128.bc64.w4"],
+    names = {"fwd": ["bf16.d128.br128.bc64.w4.kv2", "fp16.d64.br128.bc64.w4", "bf16.d160.br64.bc64.w4"],
              "bwd": ["bwd.bf16.d128.br64.bc128.w8.k32"],
              "sm90_fwd": ["sm90.bf16.d128.br128.bc192.tmao"], "sm90_bwd": ["sm90.bwd.bf16.d128.br64.bc128"]}
     selection = {family: [parse_name(n) for n in ns] for family, ns in names.items()}

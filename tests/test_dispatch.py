@@ -23,7 +23,7 @@ DEVICES = {
 PROBLEMS = [
     Problem(dtype, d, s, s + extra, bh, causal)
     for dtype in ("fp16", "bf16")
-    for d in (32, 64, 96, 128, 192, 256)
+    for d in (1, 8, 32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256)
     for s, extra, bh in ((1, 4095, 32), (512, 0, 2048), (4096, 0, 128), (16384, 0, 32), (1000, 3, 5))
     for causal in (False, True)
 ]
@@ -35,16 +35,24 @@ def test_policy_returns_a_built_config_that_fits(device):
         name, reason = dispatch.choose_config(device, problem, ALL_BUILT)
         config = dispatch.parse_config(name)
         assert name in ALL_BUILT, (problem, name)
-        # The Hopper family where it runs (9.0) and takes the problem; the mma.sync family elsewhere.
-        # Headdims 64, 128 and 256, at every length.
-        hopper_takes = device.capability == (9, 0) and problem.headdim in (64, 128, 256)
+        # The Hopper family where it runs (9.0), at every headdim and length; the mma.sync family elsewhere.
+        hopper_takes = device.capability == (9, 0)
         assert name.startswith("sm90.") == hopper_takes, (device, problem, name)
         hopper_candidates = any(c.name.startswith("sm90.") for c in dispatch.candidates(device, problem, ALL_BUILT))
-        assert hopper_candidates == (device.capability == (9, 0) and problem.headdim in (64, 128, 256)), (
-            device, problem)
-        assert (config.dtype, config.headdim) == (problem.dtype, problem.headdim), (problem, name)
+        assert hopper_candidates == hopper_takes, (device, problem)
+        assert config.dtype == problem.dtype, (problem, name)
+        assert config.headdim == narrowest_width(device, problem, ALL_BUILT, type(config)), (problem, name)
         assert config.smem_bytes() <= device.smem_per_block, (device, problem, name)
         assert reason
+
+
+def narrowest_width(device, problem, built, family):
+    """The narrowest tile width of a kernel family that holds the problem's headdim (rounded up to a
+    multiple of 8) and fits the device: the width the policy must run it at."""
+    configs = [dispatch.parse_config(n) for n in built]
+    return min(c.headdim for c in configs if type(c) is family and c.dtype == problem.dtype
+               and c.headdim >= -(-problem.headdim // 8) * 8 and c.smem_bytes() <= device.smem_per_block
+               and dispatch.runs_on(c, device.capability))
 
 
 def test_policy_uses_small_query_tiles_when_the_gpu_would_idle():
@@ -145,8 +153,10 @@ def test_policy_with_a_partial_build():
     assert dispatch.choose_config(DEVICES["H100"], problem, built)[0] == "bf16.d128.br64.bc64.w4"
     with pytest.raises(RuntimeError, match="no built CUDA kernel runs fp16 headdim 128"):
         dispatch.choose_config(DEVICES["H100"], Problem("fp16", 128, 64, 64, 1, False), built)
-    with pytest.raises(RuntimeError, match="no built CUDA kernel runs bf16 headdim 80"):
-        dispatch.choose_config(DEVICES["H100"], Problem("bf16", 80, 64, 64, 1, False), ALL_BUILT)
+    with pytest.raises(RuntimeError, match="no built CUDA kernel runs bf16 headdim 130"):
+        dispatch.choose_config(DEVICES["H100"], Problem("bf16", 130, 64, 64, 1, False), built)
+    # Any headdim runs at the narrowest built width that holds it.
+    assert dispatch.choose_config(DEVICES["H100"], Problem("bf16", 72, 64, 64, 1, False), built)[0] == built[0]
 
 
 def test_bucket_key():
@@ -220,15 +230,20 @@ ALL_BUILT_BACKWARD = [c.name for c in BACKWARD_CONFIGS] + [c.name for c in HOPPE
 def test_backward_policy_returns_a_built_config_that_fits(device):
     for forward_problem in PROBLEMS:
         problem = dataclasses.replace(forward_problem, direction="backward")
-        fitting = [c for c in BACKWARD_CONFIGS if (c.dtype, c.headdim) == (problem.dtype, problem.headdim)
-                   and c.smem_bytes() <= device.smem_per_block]
+        fitting = [c for c in BACKWARD_CONFIGS if c.dtype == problem.dtype
+                   and c.headdim >= -(-problem.headdim // 8) * 8 and c.smem_bytes() <= device.smem_per_block]
         if not fitting:  # e.g. d256 backward needs more shared memory than a 99 KB part has
             with pytest.raises(RuntimeError, match="no built CUDA kernel runs"):
                 dispatch.choose_config(device, problem, ALL_BUILT_BACKWARD)
             continue
+        width = min(c.headdim for c in fitting)
+        fitting = [c for c in fitting if c.headdim == width]
         name, _ = dispatch.choose_config(device, problem, ALL_BUILT_BACKWARD)
-        if device.capability == (9, 0) and problem.headdim in dispatch.HOPPER_BACKWARD_HEADDIMS:
-            assert name == f"sm90.bwd.{problem.dtype}.d{problem.headdim}.br64.bc128"  # the wgmma kernel
+        hopper_width = [c.headdim for c in HOPPER_BACKWARD_CONFIGS if c.dtype == problem.dtype
+                        and c.headdim >= -(-problem.headdim // 8) * 8]
+        if (device.capability == (9, 0) and hopper_width
+                and min(hopper_width) in dispatch.HOPPER_BACKWARD_HEADDIMS):
+            assert name == f"sm90.bwd.{problem.dtype}.d{min(hopper_width)}.br64.bc128"  # the wgmma kernel
             continue
         assert name == fitting[0].name  # the first listed mma.sync config that fits
         assert parse_backward(name).smem_bytes() <= device.smem_per_block

@@ -30,7 +30,7 @@ enum FwdFlag : unsigned {
 template <DType kDType_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, unsigned kFlags_ = 0>
 struct FwdConfig {
   static constexpr DType kDType = kDType_;
-  static constexpr int kHeadDim = kHeadDim_;  // D: 32, 64, 96, 128, 192 or 256
+  static constexpr int kHeadDim = kHeadDim_;  // tile width W: 32, 64, ..., 256 (takes head dims up to W)
   static constexpr int kBlockM = kBlockM_;    // B_r: query rows per thread block
   static constexpr int kBlockN = kBlockN_;    // B_c: key rows per key tile
   static constexpr int kWarps = kWarps_;      // warps per block; each owns B_r / warps query rows
@@ -49,9 +49,8 @@ struct FwdConfig {
   static constexpr std::size_t kSmemBytes =
       std::size_t(2) * kHeadDim * (kBlockM + 2 * kStages * kBlockN);
 
-  static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 ||
-                    kHeadDim == 192 || kHeadDim == 256,
-                "unsupported head dimension");
+  static_assert(kHeadDim % 32 == 0 && kHeadDim >= 32 && kHeadDim <= 256,
+                "tile width: a multiple of 32 up to 256 (it takes every head dimension up to it)");
   static_assert(kWarps == 2 || kWarps == 4 || kWarps == 8, "warps: 2, 4 or 8");
   static_assert(kBlockM % kWarps == 0 && (kRowsPerWarp == 16 || kRowsPerWarp == 32),
                 "each warp owns 16 or 32 query rows");

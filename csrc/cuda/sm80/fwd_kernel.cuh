@@ -232,14 +232,14 @@ __device__ __forceinline__ float* lse_ptr(const FwdParams& p, int batch, int hea
 
 // A query tile none of whose rows sees a key (causal with Sq > Sk): out = 0,
 // lse = -inf, without touching shared memory.
-template <class Cfg>
+template <class Cfg, bool kPartialD>
 __device__ __forceinline__ void write_empty_tile(const FwdParams& p, typename FwdTraits<Cfg>::Elem* out,
                                                  float* lse, int row0, int tid) {
   using Tr = FwdTraits<Cfg>;
   constexpr int kChunksPerRow = Tr::kD / 8;
   for (int i = tid; i < Tr::kBM * kChunksPerRow; i += Tr::kThreads) {
     const int row = row0 + i / kChunksPerRow;
-    if (row < p.seqlen_q) {
+    if (row < p.seqlen_q && (!kPartialD || (i % kChunksPerRow) * 8 < p.headdim)) {
       *reinterpret_cast<uint4*>(out + int64_t(row) * p.o_row_stride + (i % kChunksPerRow) * 8) =
           make_uint4(0u, 0u, 0u, 0u);
     }
@@ -250,7 +250,10 @@ __device__ __forceinline__ void write_empty_tile(const FwdParams& p, typename Fw
 }
 
 // ---------------------------------------------------------------------------
-template <class Cfg>
+// kPartialD: p.headdim < the tile width; columns past it are zero-filled on load and never stored.
+// A separate instantiation, so that full-width problems pay nothing for the column checks (the
+// d128 kernels run at 255 registers; the checks would make them spill).
+template <class Cfg, bool kPartialD>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
   using Tr = FwdTraits<Cfg>;
   using Elem = typename Tr::Elem;
@@ -296,17 +299,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     n_tiles = keys_seen <= 0 ? 0 : min(n_tiles, ceil_div(keys_seen, kBN));
   }
   if (n_tiles == 0) {
-    write_empty_tile<Cfg>(p, output_ptr<Cfg>(p, batch, head), lse_ptr(p, batch, head), row0, tid);
+    write_empty_tile<Cfg, kPartialD>(p, output_ptr<Cfg>(p, batch, head), lse_ptr(p, batch, head), row0, tid);
     return;
   }
 
   // Prologue: Q and the first key tile. Tiles run right to left, so the tiles
   // that need masking (the ragged tail, the diagonal) come first.
   int n = n_tiles - 1;
-  load_tile_async<QTile, kThreads>(sQ, q, p.q_row_stride, row0, p.seqlen_q, tid);
-  load_tile_async<KVTile, kThreads>(sK, k, p.k_row_stride, n * kBN, p.seqlen_k, tid);
+  load_tile_async<QTile, kThreads, kPartialD>(sQ, q, p.q_row_stride, row0, p.seqlen_q, p.headdim, tid);
+  load_tile_async<KVTile, kThreads, kPartialD>(sK, k, p.k_row_stride, n * kBN, p.seqlen_k, p.headdim, tid);
   if constexpr (Cfg::kKVDoubleBuffer) {
-    load_tile_async<KVTile, kThreads>(sV, v, p.v_row_stride, n * kBN, p.seqlen_k, tid);
+    load_tile_async<KVTile, kThreads, kPartialD>(sV, v, p.v_row_stride, n * kBN, p.seqlen_k, p.headdim, tid);
   }
   cp_async_commit();
 
@@ -364,14 +367,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       // previous step guarantees every warp is done reading it.
       if (n > 0) {
         const uint32_t other = stage_off ^ KVTile::kBytes;
-        load_tile_async<KVTile, kThreads>(sK + other, k, p.k_row_stride, (n - 1) * kBN, p.seqlen_k, tid);
-        load_tile_async<KVTile, kThreads>(sV + other, v, p.v_row_stride, (n - 1) * kBN, p.seqlen_k, tid);
+        load_tile_async<KVTile, kThreads, kPartialD>(sK + other, k, p.k_row_stride, (n - 1) * kBN, p.seqlen_k, p.headdim,
+                                          tid);
+        load_tile_async<KVTile, kThreads, kPartialD>(sV + other, v, p.v_row_stride, (n - 1) * kBN, p.seqlen_k, p.headdim,
+                                          tid);
       }
       cp_async_commit();
     } else {
       // V_n streams in under Q K_n^T; the barrier that ended the previous
       // step guarantees every warp is done with P V_{n+1}.
-      load_tile_async<KVTile, kThreads>(sV, v, p.v_row_stride, n * kBN, p.seqlen_k, tid);
+      load_tile_async<KVTile, kThreads, kPartialD>(sV, v, p.v_row_stride, n * kBN, p.seqlen_k, p.headdim, tid);
       cp_async_commit();
     }
 
@@ -393,7 +398,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       cp_async_wait<0>();
       __syncthreads();
       if (n > 0) {
-        load_tile_async<KVTile, kThreads>(sK, k, p.k_row_stride, (n - 1) * kBN, p.seqlen_k, tid);
+        load_tile_async<KVTile, kThreads, kPartialD>(sK, k, p.k_row_stride, (n - 1) * kBN, p.seqlen_k, p.headdim, tid);
       }
       cp_async_commit();
     }
@@ -472,7 +477,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       const int row = warp_row0 + pass * kRowsPerPass + lane / kCPB;
       const int chunk = blk * kCPB + lane % kCPB;
       const uint4 val = *reinterpret_cast<const uint4*>(smem + QTile::offset(row, chunk));
-      if (row0 + row < p.seqlen_q) {
+      if (row0 + row < p.seqlen_q && (!kPartialD || chunk * 8 < p.headdim)) {
         *reinterpret_cast<uint4*>(out + int64_t(row0 + row) * p.o_row_stride + chunk * 8) = val;
       }
     }
@@ -485,21 +490,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 // out = 0, lse = -inf.
 template <class Cfg>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  if (p.headdim != Cfg::kHeadDim || p.head_ratio < 1) return cudaErrorInvalidValue;
+  if (p.headdim > Cfg::kHeadDim || p.headdim < 8 || p.headdim % 8 != 0 || p.head_ratio < 1) {
+    return cudaErrorInvalidValue;
+  }
   if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return cudaSuccess;  // nothing to write
   constexpr int kSmem = int(Cfg::kSmemBytes);
-  auto* kernel = &fwd_kernel<Cfg>;
+  const bool partial = p.headdim < Cfg::kHeadDim;
+  auto* kernel = partial ? &fwd_kernel<Cfg, true> : &fwd_kernel<Cfg, false>;
   if (kSmem > 48 * 1024) {
-    // Dynamic shared memory beyond 48 KiB must be opted into, per device.
+    // Dynamic shared memory beyond 48 KiB must be opted into, per device and kernel.
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
-    static std::atomic<unsigned long long> configured{0};  // one bit per device
+    static std::atomic<unsigned long long> configured[2] = {{0}, {0}};  // one bit per device
     const unsigned long long bit = dev < 64 ? (1ull << dev) : 0ull;
-    if (bit == 0 || (configured.load(std::memory_order_acquire) & bit) == 0) {
+    if (bit == 0 || (configured[partial].load(std::memory_order_acquire) & bit) == 0) {
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
       if (err != cudaSuccess) return err;
-      configured.fetch_or(bit, std::memory_order_acq_rel);
+      configured[partial].fetch_or(bit, std::memory_order_acq_rel);
     }
   }
   const dim3 grid(ceil_div(p.seqlen_q, Cfg::kBlockM), p.heads_q, p.batch);

@@ -103,8 +103,11 @@ struct SmemTile {
 // ---------------------------------------------------------------------------
 // Global -> shared: rows [row0, row0 + Rows) of a (seqlen, Cols) slice whose
 // row r starts at gbase + r * row_stride. Rows at or past row_end (the
-// sequence length) are zero-filled (cp.async with src-size 0); their source
-// row is clamped to row_end - 1 so no out-of-range address is ever formed.
+// sequence length) and columns at or past col_end (the true head dimension, a
+// multiple of 8, at most Cols; checked only when kPartialCols) are zero-filled
+// (cp.async with src-size 0); their source is clamped to column 0 of row
+// row_end - 1, so no address past the data is ever formed. Zero columns add
+// nothing to Q K^T, and give zero O columns that are never stored.
 //
 // Thread t moves chunk t % (W/8) of block rows t / (W/8) + i * kRowsPerPass:
 // consecutive lanes walk a block row left to right, so 8 (or 4) lanes cover one
@@ -115,9 +118,9 @@ struct SmemTile {
 // pointer (64-bit) plus a 32-bit thread offset (FwdParams guarantees row
 // strides below 2^24 elements, and a tile has at most 128 rows).
 // Only issues the copies; the caller commits the group and later waits.
-template <class Tile, int kThreads, typename Elem>
+template <class Tile, int kThreads, bool kPartialCols, typename Elem>
 FLASHOP_SM80_DEV void load_tile_async(uint32_t smem_base, const Elem* gbase, int64_t row_stride, int row0,
-                                      int row_end, int tid) {
+                                      int row_end, int col_end, int tid) {
   constexpr int kCPB = Tile::kChunksPerBlockRow;
   static_assert(kThreads % kCPB == 0, "threads must cover whole block rows");
   constexpr int kRowsPerPass = kThreads / kCPB;
@@ -130,6 +133,7 @@ FLASHOP_SM80_DEV void load_tile_async(uint32_t smem_base, const Elem* gbase, int
   const int stride = int(row_stride);
   const int thread_off = r * stride + c * 8;
   const int rows_left = row_end - row0 - r;  // this thread's rows [0, rows_left) are in range
+  const int cols_left = col_end - c * 8;     // its chunk of column block blk is in range iff blk * W < cols_left
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
     if (Tile::kRows % kRowsPerPass == 0 || pass * kRowsPerPass + r < Tile::kRows) {
@@ -139,8 +143,9 @@ FLASHOP_SM80_DEV void load_tile_async(uint32_t smem_base, const Elem* gbase, int
       const Elem* src = gtile + (thread_off + row * stride);
 #pragma unroll
       for (int blk = 0; blk < Tile::kColBlocks; ++blk) {
+        const bool col_valid = !kPartialCols || blk * Tile::kBlockCols < cols_left;
         cp_async_16_l2_128b(dst + uint32_t((blk * Tile::kRows + pass * kRowsPerPass) * Tile::kBlockCols * 2),
-                            src + blk * Tile::kBlockCols, valid);
+                            col_valid ? src + blk * Tile::kBlockCols : src - c * 8, valid && col_valid);
       }
     }
   }
