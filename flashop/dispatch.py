@@ -323,6 +323,16 @@ def choose_config(device: DeviceInfo, problem: Problem, built: list[str], tuned:
         raise RuntimeError(
             f"flashop.{problem.direction}: no built CUDA kernel runs {problem.dtype} headdim {problem.headdim} on "
             f"{device.name} (built: {', '.join(built) or 'none'}); {NO_KERNEL_HINT}")
+    name, reason = _choose(device, problem, pool, tuned)
+    width = parse_config(name).headdim
+    if width != problem.headdim:
+        padded = kernel_headdim(problem.headdim)
+        how = "" if padded == problem.headdim else f" (padded to {padded})"
+        reason += f"; headdim {problem.headdim}{how} on the narrowest built tile width that holds it, {width}"
+    return name, reason
+
+
+def _choose(device: DeviceInfo, problem: Problem, pool: list, tuned: dict | None):
     names = {c.name: c for c in pool}
     key = bucket_key(problem)
     if tuned and tuned.get(key) in names:

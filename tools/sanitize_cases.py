@@ -1,5 +1,7 @@
 """Small shapes for compute-sanitizer (memcheck, racecheck): built CUDA configs on tails, causal,
-GQA and rows with no keys. Also checks values, so a run that reads garbage fails.
+GQA and rows with no keys, at the config's tile width W and at narrower head dimensions (W - 8, read
+in place with the last 16-byte chunk of the width unused, and W - 27, odd: padded to W - 24 by the
+op). Also checks values, so a run that reads garbage fails.
 
     compute-sanitizer --tool memcheck python3 tools/sanitize_cases.py ['bf16.*' ...]
 
@@ -20,15 +22,22 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, heads_q, heads_k)
     (1, 256, 300, 2, 1),  # two query tiles (B_r 128 or 192): the ".mc" kernels run as a cluster pair (non-causal)
     (1, 520, 200, 64, 8),  # 320 query tiles (B_r 128), more than the SMs: a persistent CTA walks 2-3 tiles
 ]
+NARROWER_SHAPES = SHAPES[1:3] + SHAPES[4:5]  # tails, GQA, rows with no keys, a cluster pair
+
+
+def cases(width):
+    """(headdim, shape) pairs a config of this tile width runs."""
+    narrower = sorted({d for d in (width - 8, width - 27) if d >= 1})
+    return [(width, s) for s in SHAPES] + [(d, s) for d in narrower for s in NARROWER_SHAPES]
 
 
 def main(patterns):
     failures = 0
     names = [n for n in flashop.dispatch.built_configs("forward") if any(fnmatch.fnmatch(n, p) for p in patterns)]
     for name in names:
-        dtype_code, headdim = flashop.dispatch.dtype_and_headdim(name)
+        dtype_code, width = flashop.dispatch.dtype_and_headdim(name)
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_code]
-        for b, sq, sk, hq, hk in SHAPES:
+        for headdim, (b, sq, sk, hq, hk) in cases(width):
             for causal in (False, True):
                 q = torch.randn(b, sq, hq, headdim, device="cuda", dtype=dtype)
                 k, v = (torch.randn(b, sk, hk, headdim, device="cuda", dtype=dtype) for _ in range(2))
@@ -37,14 +46,14 @@ def main(patterns):
                 err = (out.cpu().float() - ref).abs().max().item()
                 if not err < 2e-2:
                     failures += 1
-                    print(f"FAIL {name} {(b, sq, sk, hq, hk)} causal={causal}: max error {err:.3e}")
+                    print(f"FAIL {name} d{headdim} {(b, sq, sk, hq, hk)} causal={causal}: max error {err:.3e}")
     # Backward: each matching backward config (names bwd.<dtype>.d<D>...), gradients against the CPU kernels.
     bwd_names = [n for n in flashop.dispatch.built_configs("backward")
                  if any(fnmatch.fnmatch(n.removeprefix("bwd."), p) for p in patterns)]
     for name in bwd_names:
-        dtype_code, headdim = flashop.dispatch.dtype_and_headdim(name)
+        dtype_code, width = flashop.dispatch.dtype_and_headdim(name)
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_code]
-        for b, sq, sk, hq, hk in SHAPES:
+        for headdim, (b, sq, sk, hq, hk) in cases(width):
             # The wgmma backward (sm90.bwd.*) has no deterministic mode.
             for causal, deterministic in ((False, False), (True, not name.startswith("sm90.bwd."))):
                 q = torch.randn(b, sq, hq, headdim, device="cuda", dtype=dtype)
@@ -57,7 +66,7 @@ def main(patterns):
                 err = max((g.cpu().float() - r).abs().max().item() for g, r in zip(grads, ref))
                 if not err < 5e-2:
                     failures += 1
-                    print(f"FAIL {name} {(b, sq, sk, hq, hk)} causal={causal}: max grad error {err:.3e}")
+                    print(f"FAIL {name} d{headdim} {(b, sq, sk, hq, hk)} causal={causal}: max grad error {err:.3e}")
     torch.cuda.synchronize()
     print(f"sanitize cases done: {len(names)} forward and {len(bwd_names)} backward configs, {failures} failures")
     sys.exit(1 if failures else 0)
