@@ -463,7 +463,12 @@ BACKWARD_CONFIGS = [_bwd_cfg(dt, *row) for row in _BACKWARD_SHAPES for dt in ("b
 # Built for sm_90a only: they run on compute capability 9.0 exactly.
 
 _HOPPER_SUFFIXES = ("nopp", "st3", "cta3", "mc", "tmao", "pers", "lpt", "dyn", "rego")
-_HOPPER_HEADDIMS = (64, 128, 256)
+# Tile widths (the name's d<W>; the kernel takes any head dimension up to W that is a multiple of 8): multiples of
+# 64 in 64-column blocks with the 128-byte swizzle, 96, 160 and 224 in 32-column blocks with the 64-byte swizzle.
+_HOPPER_HEADDIMS = (64, 96, 128, 160, 192, 224, 256)
+# B_c beyond 64 and 128 per width (Sm90FwdTraits' static_asserts): 176 and 192 at D = 128, 80 at D = 224 and 256
+# (FlashAttention-3's d256 tile), 112 at D = 192 (its d192 tile; 128 keys do not fit the shared memory).
+_HOPPER_WIDE_BLOCK_N = {128: (176, 192), 192: (112,), 224: (80,), 256: (80,)}
 
 
 @dataclass(frozen=True)
@@ -497,18 +502,17 @@ class HopperConfig:
             raise ValueError(f"HopperConfig: stages must be 2 or 3, got {self.stages}")
         if self.dtype not in DTYPES:
             raise ValueError(f"HopperConfig: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        # The static_asserts of Sm90FwdTraits (csrc/cuda/sm90/fwd_kernel.cuh): B_c = 176 (wgmma m64n176k16 for S,
-        # 11 k-steps of P V) at D = 128 only, B_c = 80 at D = 256 only; B_r = 192 (three consumer warpgroups) at
-        # D = 64 without the persistent scheduler; B_r = 64 (one consumer warpgroup, two CTAs per SM) one tile
-        # per CTA without multicast.
+        # The static_asserts of Sm90FwdTraits (csrc/cuda/sm90/fwd_traits.cuh): B_c = 176 (wgmma m64n176k16 for S,
+        # 11 k-steps of P V) and 192 at D = 128 only, B_c = 80 at D = 224 and 256, 112 at D = 192; B_r = 192 (three
+        # consumer warpgroups) at D = 64 without the persistent scheduler; B_r = 64 (one consumer warpgroup, two CTAs
+        # per SM) one tile per CTA without multicast.
         if (self.headdim not in _HOPPER_HEADDIMS
                 or not (self.block_m == 128 or (self.block_m == 192 and self.headdim == 64 and not self.persistent)
                         or (self.block_m == 64 and not self.persistent and not self.multicast))
-                or not (self.block_n in (64, 128) or (self.block_n in (176, 192) and self.headdim == 128)
-                        or (self.block_n == 80 and self.headdim == 256))):
+                or not (self.block_n in (64, 128) or self.block_n in _HOPPER_WIDE_BLOCK_N.get(self.headdim, ()))):
             raise ValueError(f"HopperConfig {self.name!r}: the kernel takes D in {_HOPPER_HEADDIMS}, B_r = 128 (or "
                              "192 at D = 64, not persistent, or 64, one tile per CTA without multicast), B_c 64 or 128 (or 176 "
-                             "or 192 at D = 128, 80 at D = 256)")
+                             "or 192 at D = 128, 80 at D = 224 and 256, 112 at D = 192)")
         if self.three_ctas and not (self.block_m == 64 and self.headdim == 64 and self.block_n == 64):
             raise ValueError(f"HopperConfig {self.name!r}: three CTAs per SM ('cta3') is built for D = 64, B_r = 64, "
                              "B_c = 64 (136 registers per consumer thread)")
@@ -580,8 +584,10 @@ class HopperConfig:
         V (9 with 2 stages), one more (q_empty) in the persistent kernel, two more (the second Q buffer's
         q_full and q_empty) when double_q, or (q_halves) the second half's pair.
         Otherwise the TMA-store epilogue reuses the Q tile. K/V column blocks are not padded: B_c * 128
-        bytes is a multiple of the 1024-byte swizzle atom for every B_c (a multiple of 16); d128 B_c = 176:
-        212 992 + 1024 + 72 (80) = 214 088 (214 096) bytes."""
+        bytes (64-column blocks) is a multiple of the 1024-byte swizzle atom for every B_c (a multiple of 16),
+        B_c * 64 bytes (the 32-column blocks of D = 96, 160, 224) of the 512-byte one; so the bytes are the
+        tile sizes alone whatever the block width. d128 B_c = 176: 212 992 + 1024 + 72 (80) = 214 088 (214 096)
+        bytes."""
         barriers = 1 + 4 * self.stages + (1 if self.persistent else 0) + (2 if self.double_q or self.q_halves else 0)
         rows = self.block_m * (1 + self.separate_o + self.double_q) + 2 * self.stages * self.block_n
         # + "dyn": the tile number of each Q buffer's tile (two ints).
@@ -645,6 +651,14 @@ _HOPPER_FORWARD_SHAPES = (
     "d128.br128.bc128.pers.dyn", "d64.br128.bc128.pers.dyn",
     # Persistent d128 with B_c = 192, O stored from registers.
     "d128.br128.bc192.pers.rego",
+    # The widths between: 192 in 64-column blocks, 96, 160 and 224 in 32-column blocks (64-byte swizzle). One tile
+    # per CTA with the TMA store, and the persistent kernel (d96 has room for its own O tile and two Q buffers,
+    # hence "pers.dyn" too). Tiles after FlashAttention-3's tile_size_fwd_sm90: d192 128 x 112, d224 128 x 80;
+    # d96 and d160 128 x 128.
+    "d192.br128.bc112.tmao", "d192.br128.bc112.pers",
+    "d96.br128.bc128.tmao", "d96.br128.bc128.pers", "d96.br128.bc128.pers.dyn",
+    "d160.br128.bc128.tmao", "d160.br128.bc128.pers",
+    "d224.br128.bc80.tmao", "d224.br128.bc80.pers",
 )
 
 HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")

@@ -32,7 +32,7 @@ class TestHopperConfigErrors(ParseErrors):
 
     def test_multicast_and_two_ctas_per_sm(self):
         self.check("sm90.bf16.d128.br128.bc176.mc.pers", """HopperConfig 'sm90.bf16.d128.br128.bc176.mc.pers': multicast ('mc') is a one-tile-per-CTA TMA-store kernel ('mc.tmao')""")
-        self.check("sm90.bf16.d64.br64.bc128.mc.tmao", """HopperConfig 'sm90.bf16.d64.br64.bc128.mc.tmao': the kernel takes D in (64, 128, 256), B_r = 128 (or 192 at D = 64, not persistent, or 64, one tile per CTA without multicast), B_c 64 or 128 (or 176 or 192 at D = 128, 80 at D = 256)""")
+        self.check("sm90.bf16.d64.br64.bc128.mc.tmao", """HopperConfig 'sm90.bf16.d64.br64.bc128.mc.tmao': the kernel takes D in (64, 96, 128, 160, 192, 224, 256), B_r = 128 (or 192 at D = 64, not persistent, or 64, one tile per CTA without multicast), B_c 64 or 128 (or 176 or 192 at D = 128, 80 at D = 224 and 256, 112 at D = 192)""")
         self.check("sm90.bf16.d128.br64.bc128.tmao", """HopperConfig 'sm90.bf16.d128.br64.bc128.tmao': B_r = 64 runs 2 CTAs per SM, but 148552 bytes of shared memory each do not fit 2 times""")
         self.check("sm90.bf16.d64.br64.bc128.cta3.tmao", """HopperConfig 'sm90.bf16.d64.br64.bc128.cta3.tmao': three CTAs per SM ('cta3') is built for D = 64, B_r = 64, B_c = 64 (136 registers per consumer thread)""")
         self.check("sm90.bf16.d128.br128.bc176.tmao.mc", """Hopper kernel config 'sm90.bf16.d128.br128.bc176.tmao.mc': not in canonical form (sm90.bf16.d128.br128.bc176.mc.tmao)""")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import flashop
+from reference import assert_close_to_reference, attention_reference
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0)
 pytestmark = pytest.mark.skipif(not HOPPER, reason="needs a compute capability 9.0 GPU")
@@ -422,12 +423,98 @@ def test_unknown_config():
 
 
 def test_wrong_headdim():
+    """A config of width W takes head dimensions up to W that are multiples of 8, no others."""
     names = [n for n in built() if parse(n)[1] == 128 and parse(n)[0] == torch.bfloat16]
     if not names:
         pytest.skip("no bf16 d128 config")
-    q = rand(1, 8, 1, 64, torch.bfloat16)
-    with pytest.raises(RuntimeError, match="head dimension"):
-        sm90.forward(q, q, q, 0.1, False, names[0])
+    for D, match in ((136, "head dimensions up to 128"), (60, "multiples of 8")):
+        q = rand(1, 8, 1, D, torch.bfloat16)
+        with pytest.raises(RuntimeError, match=match):
+            sm90.forward(q, q, q, 0.1, False, names[0])
+
+
+# ---------------------------------------------------------------- head dimensions below the tile width
+# The kernels take the true head dimension D (a multiple of 8, up to the config's width W) at run time: the TMA
+# maps' column extent is D (loads zero-fill columns >= D, stores drop them), the register stores are predicated.
+# Per width, head dimensions that end inside a column block (64 columns at W = 64, 128, 192, 256; 32 at 96, 160,
+# 224) and ones that leave whole column blocks past D (W = 256 at D = 120: blocks 2 and 3; W = 224 at D = 136: 5 and
+# 6 of the 32-column blocks).
+HEADDIMS_BELOW = {64: (8, 40), 96: (40, 80), 128: (72, 120), 160: (136, 152), 192: (136, 176),
+                  224: (136, 216), 256: (120, 200, 248)}
+BELOW_CASES = [(n, D) for n in CONFIGS for D in HEADDIMS_BELOW.get(parse(n)[1], ())]
+
+
+def padded(B, S, H, W, D, dtype, fill=float("nan")):
+    """A (B, S, H, D) view into a (B, S, H, W) buffer whose columns D .. W-1 hold `fill` (NaN: any read past
+    the head dimension poisons the result), columns 0 .. D-1 random."""
+    buf = torch.full((B, S, H, W), fill, device="cuda", dtype=dtype)
+    buf[..., :D] = torch.randn(B, S, H, D, device="cuda", dtype=dtype)
+    return buf[..., :D]
+
+
+def forward_into_nan_blocks(q, k, v, causal, name):
+    """sm90.forward with NaN left in the caching allocator's free blocks of the outputs' sizes, so the fresh
+    out and lse are allocated from memory that held NaN: an element the kernel does not write shows."""
+    blocks = [torch.full(q.shape, float("nan"), device="cuda", dtype=q.dtype),
+              torch.full((q.size(0), q.size(2), q.size(1)), float("nan"), device="cuda")]
+    del blocks
+    out, lse = sm90.forward(q, k, v, 1.0 / math.sqrt(q.shape[-1]), causal, name)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+def check_against_reference(name, q, k, v, causal, out, lse):
+    """out and lse against tests/reference.py's float64 attention (out: FlashAttention's 2x criterion)."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    ref_out, ref_lse = attention_reference(q, k, v, scale, causal)
+    lp_out, _ = attention_reference(q, k, v, scale, causal, upcast=False)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    assert not torch.isnan(out).any(), f"{name}: NaN in out (a read past the head dimension, or an unwritten element)"
+    assert_close_to_reference(out, ref_out, lp_out, name)
+    dead = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse) & (lse < 0), dead), "lse -inf rows differ"
+    if (~dead).any():
+        lerr = (lse[~dead] - ref_lse[~dead]).abs().max().item()
+        assert lerr <= 1e-3 + 1e-3 * ref_lse[~dead].abs().max().item(), f"{name}: lse error {lerr}"
+
+
+@pytest.mark.parametrize("name,D", BELOW_CASES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("B,Sq,Sk,Hq,Hk", [(2, 300, 333, 4, 2), (1, 1000, 1100, 2, 2)])
+def test_headdim_below_width(name, D, causal, B, Sq, Sk, Hq, Hk):
+    """q, k, v of head dimension D < W, each a view into a buffer of width W whose columns past D are NaN."""
+    if name not in built():
+        pytest.skip(f"{name} not built")
+    dtype, W, _, _ = parse(name)
+    q, k, v = padded(B, Sq, Hq, W, D, dtype), padded(B, Sk, Hk, W, D, dtype), padded(B, Sk, Hk, W, D, dtype)
+    assert not q.is_contiguous()
+    out, lse = forward_into_nan_blocks(q, k, v, causal, name)
+    check_against_reference(name, q, k, v, causal, out, lse)
+
+
+@pytest.mark.parametrize("name,D", BELOW_CASES)
+def test_headdim_below_width_packed_qkv(name, D):
+    """q, k, v sliced from one packed (B, S, 3, H, W) buffer, NaN past column D: row stride 3 H W, D < W."""
+    if name not in built():
+        pytest.skip(f"{name} not built")
+    dtype, W, _, _ = parse(name)
+    B, S, H = 2, 321, 3
+    qkv = torch.full((B, S, 3, H, W), float("nan"), device="cuda", dtype=dtype)
+    qkv[..., :D] = torch.randn(B, S, 3, H, D, device="cuda", dtype=dtype)
+    q, k, v = qkv[..., :D].unbind(2)
+    out, lse = forward_into_nan_blocks(q, k, v, True, name)
+    check_against_reference(name, q, k, v, True, out, lse)
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n.startswith("sm90.bf16.")])
+def test_headdim_equal_width_ignores_padding(name):
+    """D = W from a wider buffer (W + 64 columns, NaN past W): the kernel reads exactly W columns."""
+    if name not in built():
+        pytest.skip(f"{name} not built")
+    dtype, W, _, _ = parse(name)
+    q, k, v = (padded(1, 257, 2, W + 64, W, dtype) for _ in range(3))
+    out, lse = forward_into_nan_blocks(q, k, v, False, name)
+    check_against_reference(name, q, k, v, False, out, lse)
 
 
 @pytest.mark.parametrize("case", ["rank", "batch", "heads", "headdim", "scale"])

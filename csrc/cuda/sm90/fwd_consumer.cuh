@@ -20,14 +20,17 @@ namespace sm90 {
 
 // S = Q K^T for one consumer warpgroup's 64 rows (issued and committed, not waited for).
 // q_rows: the warpgroup's rows of the Q tile; k_stage: the K tile (B_c rows).
+// K-major operands: k16 step kk is column block kk / (kColBlock / 16), 32 bytes per step inside it.
 template <class T>
 __device__ __forceinline__ void issue_s_wgmma(float (&sacc)[T::kBlockN / 2], uint32_t q_rows, uint32_t k_stage) {
   fence_regs(sacc);
   wgmma_fence();
-  const uint64_t da0 = make_desc_sw128(q_rows, 16, 1024), db0 = make_desc_sw128(k_stage, 16, 1024);
+  const uint64_t da0 = make_desc_sw<T::kRowBytes>(q_rows, 16, T::kAtomBytes);
+  const uint64_t db0 = make_desc_sw<T::kRowBytes>(k_stage, 16, T::kAtomBytes);
+  constexpr int kStepsPerBlock = T::kColBlock / 16;
 #pragma unroll
   for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
-    const int b = kk / 4, t = kk % 4;
+    const int b = kk / kStepsPerBlock, t = kk % kStepsPerBlock;
     const uint64_t da = desc_advance(da0, b * T::kQBlockBytes + t * 32);
     const uint64_t db = desc_advance(db0, b * T::kKVBlockBytes + t * 32);
     wgmma_ss<T::kBf16, T::kBlockN, 0>(sacc, da, db, kk > 0 ? 1 : 0);
@@ -36,20 +39,20 @@ __device__ __forceinline__ void issue_s_wgmma(float (&sacc)[T::kBlockN / 2], uin
 }
 
 // O += P V over the first 16 kSteps keys of the V tile v_stage (issued and committed, not waited
-// for). V: keys x D, D contiguous -> MN-major B; N = D spans D/64 column blocks kKVBlockBytes apart =
-// LBO (the wgmma walks block n/64 at start + (n/64) * LBO); 8 keys per 1024-byte atom = SBO. k16
-// step t = keys 16t..16t+15 = two atoms = start + 2048 t, and t < B_c/16 stays inside the first
-// column block (B_c * 128 bytes).
+// for). V: keys x D, D contiguous -> MN-major B; N = D spans D/kColBlock column blocks kKVBlockBytes
+// apart = LBO (the wgmma walks block n/kColBlock at start + (n/kColBlock) * LBO); 8 keys per atom
+// (kAtomBytes: 1024, or 512 with the 64B swizzle) = SBO. k16 step t = keys 16t..16t+15 = two atoms
+// = start + 2 t kAtomBytes, and t < B_c/16 stays inside the first column block (B_c * kRowBytes).
 template <class T, int kSteps>
 __device__ __forceinline__ void issue_pv_wgmma(float (&o)[T::kHeadDim / 2],
                                                const uint32_t (&pa)[T::kBlockN / 16][4], uint32_t v_stage) {
   static_assert(kSteps <= T::kBlockN / 16, "keys within the tile");
   fence_regs(o);
   wgmma_fence();
-  const uint64_t db0 = make_desc_sw128(v_stage, T::kKVBlockBytes, 1024);
+  const uint64_t db0 = make_desc_sw<T::kRowBytes>(v_stage, T::kKVBlockBytes, T::kAtomBytes);
 #pragma unroll
   for (int t = 0; t < kSteps; ++t) {
-    const uint64_t db = desc_advance(db0, t * 2048);
+    const uint64_t db = desc_advance(db0, t * 2 * T::kAtomBytes);
     wgmma_rs<T::kBf16, T::kHeadDim, 1>(o, pa[t], db, 1);
   }
   wgmma_commit();
@@ -99,7 +102,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdSmem<T> smem, FwdTileSched
   // the alternative widths).
   uint32_t sQ = smem.q_buffer(0);  // the current tile's Q buffer
   auto issue_s = [&](float (&sacc)[kBN / 2], int s) {
-    issue_s_wgmma<T>(sacc, sQ + c * 64 * 128, smem.sK + s * T::kKVBytes);
+    issue_s_wgmma<T>(sacc, sQ + c * 64 * T::kRowBytes, smem.sK + s * T::kKVBytes);
   };
   // O += P V_j over the first `width` keys of the tile (rounded up to 64; B_c unless narrowed).
   auto issue_pv = [&](const uint32_t (&pa)[kBN / 16][4], int s, int width) {

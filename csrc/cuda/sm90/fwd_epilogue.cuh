@@ -156,8 +156,10 @@ struct FwdEpilogue {
     return true;
   }
 
-  // O /= l and lse from registers straight to global memory (rows < Sq).
+  // O /= l and lse from registers straight to global memory (rows < Sq, columns < headdim: n8 block i
+  // holds columns 8i .. 8i+7 and headdim is a multiple of 8, so one uniform compare per block).
   __device__ __forceinline__ void store_o_regs(float* lse) const {
+    const int n8 = p.headdim / 8;
     Elem* out =
         reinterpret_cast<Elem*>(p.out) + sched.batch * p.o_batch_stride + sched.head * p.o_head_stride;
 #pragma unroll
@@ -171,7 +173,7 @@ struct FwdEpilogue {
 #pragma unroll
         for (int i = 0; i < kD / 8; ++i) {
           const uint32_t v = pack2<T::kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
-          *reinterpret_cast<uint32_t*>(orow + 8 * i + col_base) = v;
+          if (i < n8) *reinterpret_cast<uint32_t*>(orow + 8 * i + col_base) = v;
         }
         if ((lane % 4) == 0) lse[row] = seen ? m[h] * p.scale + __logf(sum) : -INFINITY;
       }
@@ -203,7 +205,12 @@ struct FwdEpilogue {
     // r % 8 = lane / 4. n8 block i holds columns 8i + 2(lane%4) + {0,1}: column
     // block i / 8, chunk i % 8, bytes 4(lane%4) .. +3 of the chunk. For a fixed
     // i the 8 rows of a warp hit 8 distinct chunks: 32 distinct banks.
-    const int rsw = lane / 4;
+    // 64B swizzle: row r of a 64 x 32 box at r * 64, chunk q at (q ^ ((r / 2) % 4)) * 16, with
+    // (r / 2) % 4 = (8 warp + lane/8 + 4h) % 4 = lane / 8; column block i / 4, chunk i % 4. A warp's 8
+    // rows for a fixed i: (r % 2, swizzled chunk) all distinct, 8 x 16 bytes of one 512-byte atom in
+    // 8 distinct 4-bank groups: again 32 distinct banks.
+    constexpr int kChunks = T::kColBlock / 8;  // 16-byte chunks per row
+    const int rsw = T::kRowBytes == 128 ? lane / 4 : lane / 8;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = q_row0 + 8 * h;
@@ -214,8 +221,8 @@ struct FwdEpilogue {
 #pragma unroll
       for (int i = 0; i < kD / 8; ++i) {
         const uint32_t v = pack2<T::kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
-        const uint32_t addr = stage + (i / 8) * T::kQBlockBytes + r * 128 +
-                              ((((i % 8) ^ rsw) << 4) | (4 * (lane % 4)));
+        const uint32_t addr = stage + (i / kChunks) * T::kQBlockBytes + r * T::kRowBytes +
+                              ((((i % kChunks) ^ rsw) << 4) | (4 * (lane % 4)));
         st_shared_b32(addr, v);
       }
       if (row < p.seqlen_q && (lane % 4) == 0)
@@ -227,12 +234,14 @@ struct FwdEpilogue {
     bar();
     if (ctid == 0) {
       const int orow0 = sched.q_tile * kBM + 64 * c;
-      // The map's row extent is Sq: rows >= Sq of the box are not written.
-      // A box entirely past Sq (second half of a short last tile) is skipped.
+      // The map's row extent is Sq and its column extent headdim: rows >= Sq and columns >= headdim
+      // of a box are not written. A box entirely past Sq (second half of a short last tile) or
+      // past headdim (a column block of the padded width) is skipped.
       if (orow0 < p.seqlen_q) {
 #pragma unroll
         for (int b = 0; b < T::kDBlocks; ++b)
-          tma_store_4d(tm_o, stage + b * T::kQBlockBytes, b * 64, orow0, sched.head, sched.batch);
+          if (b == 0 || b * T::kColBlock < p.headdim)
+            tma_store_4d(tm_o, stage + b * T::kQBlockBytes, b * T::kColBlock, orow0, sched.head, sched.batch);
         tma_store_commit();
         // Staging must stay valid (CTA alive; persistent: not overwritten)
         // until the store has read it (deferred: at the next tile's epilogue,

@@ -70,8 +70,10 @@
 //     (the other CTA plays that part); consumers get 232 registers. "cta3": three
 //     such CTAs per SM (d64, B_c = 64: 42 KiB of shared memory each), 136 registers.
 //
-// Shared-memory tiles are rows of 64 elements (128 bytes) in the TMA/wgmma
-// 128-byte swizzle; a head dimension of D is kept as D/64 such column blocks.
+// Shared-memory tiles are column blocks: rows of 64 elements (128 bytes) in the TMA/wgmma 128-byte
+// swizzle where the tile width D is a multiple of 64, rows of 32 elements (64 bytes) in the 64-byte
+// swizzle at D = 96, 160, 224 (fwd_traits.cuh). The true head dimension (a multiple of 8 up to D) is a
+// run-time value: the TMA maps zero-fill the columns past it and the stores drop them.
 //
 // Files, by role (FlashAttention-3's split): fwd_traits.cuh (the config, the shared-memory layout),
 // fwd_scheduler.cuh (which tiles and key tiles a CTA runs, in which order), fwd_producer.cuh (the

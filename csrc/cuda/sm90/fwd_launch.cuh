@@ -124,7 +124,9 @@ cudaError_t split_tail_plan(const FwdParams& p, SplitTailPlan* plan) {
 template <class T>
 cudaError_t plan_fwd(const FwdParams& p, Sm90FwdPlan* plan) {
   *plan = Sm90FwdPlan{};
-  if (p.headdim != T::kHeadDim) return cudaErrorInvalidValue;
+  // The true head dimension: a multiple of 8 up to the tile width (columns >= headdim are zero-filled
+  // by the loads and dropped by the stores; fwd_epilogue.cuh predicates the register stores).
+  if (p.headdim > T::kHeadDim || p.headdim % 8 != 0 || p.headdim < 8) return cudaErrorInvalidValue;
   const int q_tiles = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   // Multicast configs run as clusters of two adjacent query tiles of one head when both walk the same
   // key tiles (non-causal) and the tiles pair up (an even count); then each CTA's K/V box is half a
@@ -174,7 +176,7 @@ cudaError_t plan_fwd(const FwdParams& p, Sm90FwdPlan* plan) {
 
 template <class T>
 cudaError_t launch_fwd(const FwdParams& params, const Sm90FwdPlan& plan, void* workspace, cudaStream_t stream) {
-  if (params.headdim != T::kHeadDim) return cudaErrorInvalidValue;
+  if (params.headdim > T::kHeadDim || params.headdim % 8 != 0 || params.headdim < 8) return cudaErrorInvalidValue;
   if (plan.workspace_bytes > 0 && workspace == nullptr) return cudaErrorInvalidValue;
   FwdParams p = params;
   p.stream_k = plan.stream_k;
@@ -187,13 +189,13 @@ cudaError_t launch_fwd(const FwdParams& params, const Sm90FwdPlan& plan, void* w
   const int kv_box_rows = cluster_pairs ? T::kKVHalfRows : T::kBlockN;
   CUtensorMap tq, tk, tv;
   cudaError_t err = encode_bshd(&tq, T::kBf16, p.q, p.batch, p.seqlen_q, p.heads_q, p.headdim,
-                                p.q_batch_stride, p.q_row_stride, p.q_head_stride, T::kQBoxRows);
+                                p.q_batch_stride, p.q_row_stride, p.q_head_stride, T::kQBoxRows, T::kColBlock);
   if (err == cudaSuccess)
     err = encode_bshd(&tk, T::kBf16, p.k, p.batch, p.seqlen_k, p.heads_k, p.headdim,
-                      p.k_batch_stride, p.k_row_stride, p.k_head_stride, kv_box_rows);
+                      p.k_batch_stride, p.k_row_stride, p.k_head_stride, kv_box_rows, T::kColBlock);
   if (err == cudaSuccess)
     err = encode_bshd(&tv, T::kBf16, p.v, p.batch, p.seqlen_k, p.heads_k, p.headdim,
-                      p.v_batch_stride, p.v_row_stride, p.v_head_stride, kv_box_rows);
+                      p.v_batch_stride, p.v_row_stride, p.v_head_stride, kv_box_rows, T::kColBlock);
   if (err == cudaSuccess && plan.zero_bytes > 0)
     err = cudaMemsetAsync(static_cast<char*>(workspace) + plan.zero_offset, 0, plan.zero_bytes, stream);
   if (err != cudaSuccess) return err;
@@ -205,15 +207,15 @@ cudaError_t launch_fwd(const FwdParams& params, const Sm90FwdPlan& plan, void* w
     if (err != cudaSuccess) return err;
     kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, p);
   } else {
-    // O: always a fresh contiguous (B, Sq, Hq, D) tensor (allocate_forward_outputs),
-    // 16-byte aligned, strides (Sq*Hq*D, Hq*D, D) elements: multiples of 16 bytes.
-    // Row extent = the true Sq, so the TMA store drops rows >= Sq of the last
-    // query tile (and never spills into the next head); box = 64 rows x 64
-    // columns, one per consumer warpgroup and column block; same 128B swizzle
-    // as the loads (the kernel stages O in that layout).
+    // O: always a fresh contiguous (B, Sq, Hq, headdim) tensor (allocate_forward_outputs),
+    // 16-byte aligned, strides (Sq*Hq*headdim, Hq*headdim, headdim) elements: multiples of 16 bytes.
+    // Row extent = the true Sq and column extent = headdim, so the TMA store drops rows >= Sq of the
+    // last query tile (and never spills into the next head) and columns >= headdim (never into the
+    // next row); box = 64 rows x kColBlock columns, one per consumer warpgroup and column block; same
+    // swizzle as the loads (the kernel stages O in that layout).
     CUtensorMap to;
     err = encode_bshd(&to, T::kBf16, p.out, p.batch, p.seqlen_q, p.heads_q, p.headdim,
-                      p.o_batch_stride, p.o_row_stride, p.o_head_stride, T::kOStageRows);
+                      p.o_batch_stride, p.o_row_stride, p.o_head_stride, T::kOStageRows, T::kColBlock);
     if (err != cudaSuccess) return err;
     auto kernel = fwd_kernel_sm90_tmao<T>;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);

@@ -79,11 +79,12 @@ __device__ __forceinline__ void fwd_producer(const FwdSmem<T> smem, FwdTileSched
       const int row = (key_tile0 + j) * kBN + static_cast<int>(cta_rank) * T::kKVHalfRows;
 #pragma unroll
       for (int b = 0; b < T::kDBlocks; ++b)
-        tma_load_4d_multicast(map, dst + b * T::kKVBlockBytes + half, full, b * 64, row, kv_head, batch, 0x3);
+        tma_load_4d_multicast(map, dst + b * T::kKVBlockBytes + half, full, b * T::kColBlock, row, kv_head, batch,
+                              0x3);
     } else {
 #pragma unroll
       for (int b = 0; b < T::kDBlocks; ++b)
-        tma_load_4d(map, dst + b * T::kKVBlockBytes, full, b * 64, (key_tile0 + j) * kBN, kv_head, batch);
+        tma_load_4d(map, dst + b * T::kKVBlockBytes, full, b * T::kColBlock, (key_tile0 + j) * kBN, kv_head, batch);
     }
   };
   // Item i of a tile's K/V sequence K_0, K_1, V_0, K_2, V_1, ..., K_{n-1}, V_{n-2}, V_{n-1}:
@@ -97,11 +98,11 @@ __device__ __forceinline__ void fwd_producer(const FwdSmem<T> smem, FwdTileSched
   auto load_q = [&](uint32_t k, int half) {
     const uint32_t full = smem.bar_q_full(smem.q_pair(k, half));
     const int row0 = T::kQHalves ? 64 * half : 0;
-    mbar_arrive_expect_tx(full, T::kQBoxRows * 128 * T::kDBlocks);
+    mbar_arrive_expect_tx(full, T::kQBoxRows * T::kRowBytes * T::kDBlocks);
 #pragma unroll
     for (int b = 0; b < T::kDBlocks; ++b)
-      tma_load_4d(tm_q, smem.q_buffer(k) + b * T::kQBlockBytes + row0 * 128, full, b * 64, q_tile * kBM + row0,
-                  head, batch);
+      tma_load_4d(tm_q, smem.q_buffer(k) + b * T::kQBlockBytes + row0 * T::kRowBytes, full, b * T::kColBlock,
+                  q_tile * kBM + row0, head, batch);
   };
   if constexpr (T::kPersistent) {
     uint32_t g0 = 0;  // K/V loads issued by this CTA before the current tile

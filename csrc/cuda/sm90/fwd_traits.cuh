@@ -43,7 +43,14 @@ struct Sm90FwdTraits {
   static constexpr int kCtasPerSm = kCtasPerSm_ ? kCtasPerSm_ : kConsumerWGs == 1 ? 2 : 1;
   static_assert(kCtasPerSm == 1 || (kConsumerWGs == 1 && (kCtasPerSm == 2 || kCtasPerSm == 3)),
                 "more than one CTA per SM only with one consumer warpgroup (B_r = 64), at most three");
-  static constexpr int kDBlocks = kHeadDim / 64;  // 64-element (128-byte) column blocks
+  // Shared-memory tiles are column blocks of kColBlock elements, one swizzle span per row: 64 (128
+  // bytes, 128B swizzle) where D is a multiple of 64, else 32 (64 bytes, 64B swizzle: D = 96, 160, 224).
+  // One width for all of Q, K and V, so the P V wgmma (N = D) walks V's blocks at one LBO.
+  static constexpr int kColBlock = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kRowBytes = kColBlock * 2;
+  static constexpr int kAtomBytes = 8 * kRowBytes;  // one swizzle atom: 8 rows (1024 or 512 bytes)
+  static constexpr int kDBlocks = kHeadDim / kColBlock;
+  static_assert(kHeadDim % 32 == 0, "whole 32-column blocks");
 
   // Two consumer warpgroups of 64 rows; three (B_r = 192, FlashAttention-3's d64 tile: more rows
   // per K/V tile and per producer) at D = 64, one tile per CTA only.
@@ -52,17 +59,23 @@ struct Sm90FwdTraits {
                 "B_r 128, 192 at D = 64 without the persistent scheduler, or 64 (one tile per CTA)");
   // D is the N of the P V wgmma (m64nDk16, D/2 accumulator registers per consumer thread: 128 at
   // D = 256, within the 240-register consumer budget next to S (B_c/2) and P (B_c/4)) and
-  // D/64 column blocks everywhere else (TMA boxes, descriptors, O staging).
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
+  // D/kColBlock column blocks everywhere else (TMA boxes, descriptors, O staging). The tile width;
+  // the true head dimension (FwdParams::headdim, a multiple of 8 up to D) is a run-time value.
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 160 || kHeadDim == 192 ||
+                    kHeadDim == 224 || kHeadDim == 256,
+                "tile width 64, 96, 128, 160, 192, 224 or 256");
   // B_c is the N of the S = Q K^T wgmma (m64nB_ck16, B_c/2 accumulator registers) and B_c/16 k-steps
   // of P V. 176 (FlashAttention-3's non-causal d128 tile: 1.375x the work of 128 per softmax, O
   // rescale and barrier round) at D = 128 only: 88 S + 44 P + 64 O registers of the 240; at D = 256
   // the shared memory does not fit, D = 64 is not built. 80 (FlashAttention-3's d256 tile) at
-  // D = 256 only: 40 S + 20 P + 128 O registers; Q 64 KiB + 2 x (K + V) 40 KiB each = 224 KiB.
+  // D = 256: 40 S + 20 P + 128 O registers; Q 64 KiB + 2 x (K + V) 40 KiB each = 224 KiB.
   // 192 at D = 128: 96 S + 48 P + 64 O registers; Q 32 KiB + 2 x (K + V) 48 KiB each = 224 KiB.
+  // 112 at D = 192 (FlashAttention-3's d192 tile): 56 S + 28 P + 96 O; Q 48 KiB + 2 x (K + V) 42 KiB
+  // each = 216 KiB (128 keys would need 240 KiB). 80 at D = 224 as at 256: 40 S + 20 P + 112 O;
+  // Q 56 KiB + 2 x (K + V) 35 KiB each = 196 KiB. D = 96 and 160 take 128 (S 64 + P 32 + O 48 / 80).
   static_assert(kBlockN == 64 || kBlockN == 128 || ((kBlockN == 176 || kBlockN == 192) && kHeadDim == 128) ||
-                    (kBlockN == 80 && kHeadDim == 256),
-                "wgmma N of S: B_c 64 or 128 (176 or 192 at D = 128, 80 at D = 256)");
+                    (kBlockN == 80 && (kHeadDim == 256 || kHeadDim == 224)) || (kBlockN == 112 && kHeadDim == 192),
+                "wgmma N of S: B_c 64 or 128 (176 or 192 at D = 128, 80 at D = 224 and 256, 112 at D = 192)");
   static_assert(kBlockN % 16 == 0, "P V takes B_c/16 k16 steps");
   // Persistent without the TMA store ("pers.rego"): O goes from registers straight to global memory, so
   // a consumer warpgroup's half of the Q tile is dead after its last S of a tile (kQHalves below).
@@ -71,20 +84,23 @@ struct Sm90FwdTraits {
   static_assert(!kLongestFirst || kPersistent, "the longest-first order is a persistent tile order");
   static_assert(!kMulticast || (kTmaStore && !kPersistent), "multicast: one tile per CTA, TMA store");
 
-  static constexpr int kQBlockBytes = kBlockM * 128;  // one column block of Q
-  // One column block of a K or V stage: B_c rows of 128 bytes, no padding. The 128B swizzle needs
-  // every block (and so every 8-row, 1024-byte atom in it) to start 1024-byte aligned: B_c is a
-  // multiple of 16, so B_c * 128 is a multiple of 2048 (B_c = 176: 22 528 B = 22 atoms), and every
-  // offset below is a sum of such blocks (static_assert further down). The TMA box is exactly B_c
-  // rows, so the expect_tx count (kKVBytes) is the bytes written, zero-filled rows >= Sk included.
-  static constexpr int kKVBlockBytes = kBlockN * 128;
+  static constexpr int kQBlockBytes = kBlockM * kRowBytes;  // one column block of Q
+  // One column block of a K or V stage: B_c rows of kRowBytes, no padding. The swizzle needs every
+  // 8-row atom to start on a multiple of its size (1024 bytes with 128B, 512 with 64B): B_c is a
+  // multiple of 16, so B_c * 128 is a multiple of 2048 (B_c = 176: 22 528 B = 22 atoms) and B_c * 64
+  // of 1024, and every offset below is a sum of such blocks (static_assert further down). The TMA box
+  // is exactly B_c rows by kColBlock columns, so the expect_tx count (kKVBytes) is the bytes written:
+  // zero-filled rows >= Sk and columns >= headdim included (PTX ISA, tensor out-of-bound access: the
+  // box's elements outside the tensor are set to 0 in shared memory), also for a box that lies wholly
+  // past headdim or Sk (the multicast half tiles of a short last key tile already rely on that).
+  static constexpr int kKVBlockBytes = kBlockN * kRowBytes;
   static constexpr int kQBytes = kQBlockBytes * kDBlocks;
   static constexpr int kKVBytes = kKVBlockBytes * kDBlocks;  // one K (or V) tile
   // Multicast: CTA r of the pair loads rows r * B_c/2 .. of every column block (a box of B_c/2 rows).
   // B_c/2 is a multiple of 8, so the second half starts on a 1024-byte swizzle atom as well.
   static constexpr int kKVHalfRows = kBlockN / 2;
-  static constexpr int kKVHalfBytes = kKVHalfRows * 128;
-  static_assert(kKVHalfBytes % 1024 == 0, "multicast half tiles start on a swizzle atom");
+  static constexpr int kKVHalfBytes = kKVHalfRows * kRowBytes;
+  static_assert(kKVHalfBytes % kAtomBytes == 0, "multicast half tiles start on a swizzle atom");
   static constexpr int kKVRingBytes = 2 * kStages * kKVBytes;  // the K and the V ring
   // Persistent kernel with a separate O staging tile (where it fits: d64 and d128 at B_c = 128):
   // Q is then free once a tile's last S = Q K^T is complete, so the producer loads the next tile's Q
@@ -131,15 +147,16 @@ struct Sm90FwdTraits {
   // O staging (kTmaStore): consumer c, column block b at
   //   kQOff + b * kQBlockBytes + c * kOStageBytes   (kOOff instead of kQOff when kSeparateO),
   // i.e. rows 64c .. 64c+63 of Q column block b: exactly the rows consumer c's
-  // S wgmma reads (A descriptor start + c * 64 * 128), so neither consumer ever
-  // touches the other's half. Every staging box is 1024-byte aligned, so the
-  // 128B swizzle (16-byte chunk ^= row % 8) is the same as the loads'.
+  // S wgmma reads (A descriptor start + c * 64 * kRowBytes), so neither consumer ever
+  // touches the other's half. Every staging box starts on a swizzle atom, so the
+  // swizzle (16-byte chunk ^= row % 8 with 128B, ^= (row / 2) % 4 with 64B) is the same as the loads'.
   static constexpr int kOStageRows = 64;
-  static constexpr int kOStageBytes = kOStageRows * 128;  // one 64 x 64 box
-  static_assert(kQBlockBytes % 1024 == 0 && kKVBlockBytes % 1024 == 0 && kOStageBytes % 1024 == 0,
+  static constexpr int kOStageBytes = kOStageRows * kRowBytes;  // one 64-row box
+  static_assert(kQBlockBytes % kAtomBytes == 0 && kKVBlockBytes % kAtomBytes == 0 && kOStageBytes % kAtomBytes == 0,
                 "swizzle atoms");
-  static_assert(kKOff % 1024 == 0 && kVOff % 1024 == 0 && kOOff % 1024 == 0 && kKVBytes % 1024 == 0,
-                "every K/V stage and column block starts 1024-byte aligned");
+  static_assert(kKOff % kAtomBytes == 0 && kVOff % kAtomBytes == 0 && kOOff % kAtomBytes == 0 &&
+                    kKVBytes % kAtomBytes == 0,
+                "every K/V stage and column block starts on a swizzle atom");
   // barriers: q_full, full_k[S], full_v[S], empty_k[S], empty_v[S] (S = kStages; + q_empty when persistent;
   // + q_full and q_empty of the second Q buffer)
   static constexpr int kNumBars = 1 + 4 * kStages + (kPersistent ? 1 : 0) + (kQPairs == 2 ? 2 : 0);

@@ -224,6 +224,26 @@ __device__ __forceinline__ uint64_t make_desc_sw128(uint32_t smem_addr, uint32_t
   return d;
 }
 
+// The same for rows of kRowBytes: 128 (64 16-bit elements, the 128B swizzle above) or 64 (32 elements,
+// the 64B swizzle, swizzle field 2). With the 64B swizzle one atom is 8 rows x 64 bytes (512 bytes;
+// CUTLASS GMMA::Layout_K_SW64_Atom / Layout_MN_SW64_Atom, Swizzle<2,4,3>: 16-byte chunk q of row r at
+// (q ^ (r / 2) % 4) * 16):
+//  K-major: SBO = 512 (next 8-row group), LBO unused (1); K by 16 elements: start + 32 bytes (inside
+//    the 64-byte row; a 32-element column block holds two k16 steps).
+//  MN-major: SBO = 512 (next 8 K rows), LBO = byte distance between 32-element N blocks; K by 16:
+//    start + 1024 bytes.
+// In both the atoms start 512-byte aligned, so the base offset stays 0.
+template <int kRowBytes>
+__device__ __forceinline__ uint64_t make_desc_sw(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  static_assert(kRowBytes == 128 || kRowBytes == 64, "128B or 64B swizzle");
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
+  d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
+  d |= static_cast<uint64_t>(kRowBytes == 128 ? 1 : 2) << 62;
+  return d;
+}
+
 // The descriptor of the matrix `bytes` (a multiple of 16) after desc's start. The start field is the low
 // 14 bits of address >> 4 and shared-memory addresses stay below 2^18, so the sum never carries out of
 // it, and the high word (SBO, swizzle) is unchanged: one 32-bit add where make_desc_sw128 of the moved

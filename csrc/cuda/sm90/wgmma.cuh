@@ -1,5 +1,5 @@
 // wgmma.mma_async wrappers: one template per A source, wgmma_ss (A from shared memory) and
-// wgmma_rs (A from registers), on <element type, N, tnspB>; N = 64, 80, 128, 176, 192 or 256 (hand-checked
+// wgmma_rs (A from registers), on <element type, N, tnspB>; N = 64, 80, 96, 112, 128, 160, 176, 192, 224 or 256 (hand-checked
 // against the PTX ISA: with 16-bit A/B, N is any multiple of 8 from 8 to 256).
 // D (f32 accumulators) is m64 x N, N/2 registers per thread: per warp w of the warpgroup rows
 // 16w..16w+15; for n8 block i a thread holds d[4i+0..3] = (r, c), (r, c+1), (r+8, c), (r+8, c+1)
@@ -39,11 +39,17 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define FLASHOP_WG_ACC_64 FLASHOP_WG_ACC_32 \
   ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
   ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FLASHOP_WG_ACC_48 FLASHOP_WG_ACC_40 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define FLASHOP_WG_ACC_56 FLASHOP_WG_ACC_48 ", %48, %49, %50, %51, %52, %53, %54, %55"
+#define FLASHOP_WG_ACC_80 FLASHOP_WG_ACC_64 \
+  ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
 #define FLASHOP_WG_ACC_88 FLASHOP_WG_ACC_64 \
   ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
   ", %80, %81, %82, %83, %84, %85, %86, %87"
 #define FLASHOP_WG_ACC_96 FLASHOP_WG_ACC_88 \
   ", %88, %89, %90, %91, %92, %93, %94, %95"
+#define FLASHOP_WG_ACC_112 FLASHOP_WG_ACC_96 \
+  ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111"
 #define FLASHOP_WG_ACC_128 FLASHOP_WG_ACC_64 \
   ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
   ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
@@ -58,10 +64,15 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   FLASHOP_WG_D8(i), FLASHOP_WG_D8(i + 8), FLASHOP_WG_D8(i + 16), FLASHOP_WG_D8(i + 24)
 #define FLASHOP_WG_D_32 FLASHOP_WG_D32(0)
 #define FLASHOP_WG_D_40 FLASHOP_WG_D32(0), FLASHOP_WG_D8(32)
+#define FLASHOP_WG_D_48 FLASHOP_WG_D32(0), FLASHOP_WG_D8(32), FLASHOP_WG_D8(40)
+#define FLASHOP_WG_D_56 FLASHOP_WG_D32(0), FLASHOP_WG_D8(32), FLASHOP_WG_D8(40), FLASHOP_WG_D8(48)
 #define FLASHOP_WG_D_64 FLASHOP_WG_D32(0), FLASHOP_WG_D32(32)
+#define FLASHOP_WG_D_80 FLASHOP_WG_D32(0), FLASHOP_WG_D32(32), FLASHOP_WG_D8(64), FLASHOP_WG_D8(72)
 #define FLASHOP_WG_D_88 \
   FLASHOP_WG_D32(0), FLASHOP_WG_D32(32), FLASHOP_WG_D8(64), FLASHOP_WG_D8(72), FLASHOP_WG_D8(80)
 #define FLASHOP_WG_D_96 FLASHOP_WG_D32(0), FLASHOP_WG_D32(32), FLASHOP_WG_D32(64)
+#define FLASHOP_WG_D_112 \
+  FLASHOP_WG_D32(0), FLASHOP_WG_D32(32), FLASHOP_WG_D32(64), FLASHOP_WG_D8(96), FLASHOP_WG_D8(104)
 #define FLASHOP_WG_D_128 FLASHOP_WG_D32(0), FLASHOP_WG_D32(32), FLASHOP_WG_D32(64), FLASHOP_WG_D32(96)
 
 // The inputs follow the outputs: operand k after the accumulators is %(R+k).
@@ -81,6 +92,34 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define FLASHOP_WG_ARG40_4 "%44"
 #define FLASHOP_WG_ARG40_5 "%45"
 #define FLASHOP_WG_ARG40_6 "%46"
+#define FLASHOP_WG_ARG48_0 "%48"
+#define FLASHOP_WG_ARG48_1 "%49"
+#define FLASHOP_WG_ARG48_2 "%50"
+#define FLASHOP_WG_ARG48_3 "%51"
+#define FLASHOP_WG_ARG48_4 "%52"
+#define FLASHOP_WG_ARG48_5 "%53"
+#define FLASHOP_WG_ARG48_6 "%54"
+#define FLASHOP_WG_ARG56_0 "%56"
+#define FLASHOP_WG_ARG56_1 "%57"
+#define FLASHOP_WG_ARG56_2 "%58"
+#define FLASHOP_WG_ARG56_3 "%59"
+#define FLASHOP_WG_ARG56_4 "%60"
+#define FLASHOP_WG_ARG56_5 "%61"
+#define FLASHOP_WG_ARG56_6 "%62"
+#define FLASHOP_WG_ARG80_0 "%80"
+#define FLASHOP_WG_ARG80_1 "%81"
+#define FLASHOP_WG_ARG80_2 "%82"
+#define FLASHOP_WG_ARG80_3 "%83"
+#define FLASHOP_WG_ARG80_4 "%84"
+#define FLASHOP_WG_ARG80_5 "%85"
+#define FLASHOP_WG_ARG80_6 "%86"
+#define FLASHOP_WG_ARG112_0 "%112"
+#define FLASHOP_WG_ARG112_1 "%113"
+#define FLASHOP_WG_ARG112_2 "%114"
+#define FLASHOP_WG_ARG112_3 "%115"
+#define FLASHOP_WG_ARG112_4 "%116"
+#define FLASHOP_WG_ARG112_5 "%117"
+#define FLASHOP_WG_ARG112_6 "%118"
 #define FLASHOP_WG_ARG64_0 "%64"
 #define FLASHOP_WG_ARG64_1 "%65"
 #define FLASHOP_WG_ARG64_2 "%66"
@@ -135,10 +174,12 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
     else KIND(N, R, "f16.f16");                           \
   } while (0)
 
-// N widths with spelled operands (N/2 registers): 64 (32), 80 (40), 128 (64), 176 (88), 192 (96), 256 (128). Another
-// width needs its FLASHOP_WG_ACC_/D_/ARG entries and one line in each template below.
+// N widths with spelled operands (N/2 registers): 64 (32), 80 (40), 96 (48), 112 (56), 128 (64), 160 (80),
+// 176 (88), 192 (96), 224 (112), 256 (128). Another width needs its FLASHOP_WG_ACC_/D_/ARG entries and one
+// line in each template below.
 template <int N>
-constexpr bool kWgmmaWidthSpelled = N == 64 || N == 80 || N == 128 || N == 176 || N == 192 || N == 256;
+constexpr bool kWgmmaWidthSpelled = N == 64 || N == 80 || N == 96 || N == 112 || N == 128 || N == 160 ||
+                                    N == 176 || N == 192 || N == 224 || N == 256;
 
 // D[64xN] (+)= A[64x16] (smem, K-major, descriptor) * B[16xN] (smem, descriptor, tnspB)
 template <bool kBf16, int N, int kTnspB>
@@ -148,9 +189,13 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
 #ifdef FLASHOP_SM90_ENABLED
   if constexpr (N == 64) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 64, 32);
   else if constexpr (N == 80) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 80, 40);
+  else if constexpr (N == 96) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 96, 48);
+  else if constexpr (N == 112) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 112, 56);
   else if constexpr (N == 128) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 128, 64);
+  else if constexpr (N == 160) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 160, 80);
   else if constexpr (N == 176) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 176, 88);
   else if constexpr (N == 192) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 192, 96);
+  else if constexpr (N == 224) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 224, 112);
   else if constexpr (N == 256) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 256, 128);
 #endif
 }
@@ -163,9 +208,13 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #ifdef FLASHOP_SM90_ENABLED
   if constexpr (N == 64) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 64, 32);
   else if constexpr (N == 80) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 80, 40);
+  else if constexpr (N == 96) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 96, 48);
+  else if constexpr (N == 112) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 112, 56);
   else if constexpr (N == 128) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 128, 64);
+  else if constexpr (N == 160) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 160, 80);
   else if constexpr (N == 176) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 176, 88);
   else if constexpr (N == 192) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 192, 96);
+  else if constexpr (N == 224) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 224, 112);
   else if constexpr (N == 256) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 256, 128);
 #endif
 }
@@ -174,28 +223,28 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 }  // namespace flashop
 
 // The spelling macros are not needed past this point (expanded in the templates above).
-#undef FLASHOP_WGMMA_BY_TYPE
-#undef FLASHOP_WGMMA_RS_ASM
-#undef FLASHOP_WGMMA_SS_ASM
-#undef FLASHOP_WG_ACC_128
-#undef FLASHOP_WG_ACC_88
 #undef FLASHOP_WG_ACC_32
-#undef FLASHOP_WG_ACC_64
 #undef FLASHOP_WG_ACC_40
-#undef FLASHOP_WG_ARG128_0
-#undef FLASHOP_WG_ARG128_1
-#undef FLASHOP_WG_ARG128_2
-#undef FLASHOP_WG_ARG128_3
-#undef FLASHOP_WG_ARG128_4
-#undef FLASHOP_WG_ARG128_5
-#undef FLASHOP_WG_ARG128_6
-#undef FLASHOP_WG_ARG88_0
-#undef FLASHOP_WG_ARG88_1
-#undef FLASHOP_WG_ARG88_2
-#undef FLASHOP_WG_ARG88_3
-#undef FLASHOP_WG_ARG88_4
-#undef FLASHOP_WG_ARG88_5
-#undef FLASHOP_WG_ARG88_6
+#undef FLASHOP_WG_ACC_64
+#undef FLASHOP_WG_ACC_48
+#undef FLASHOP_WG_ACC_56
+#undef FLASHOP_WG_ACC_80
+#undef FLASHOP_WG_ACC_88
+#undef FLASHOP_WG_ACC_96
+#undef FLASHOP_WG_ACC_112
+#undef FLASHOP_WG_ACC_128
+#undef FLASHOP_WG_D8
+#undef FLASHOP_WG_D32
+#undef FLASHOP_WG_D_32
+#undef FLASHOP_WG_D_40
+#undef FLASHOP_WG_D_48
+#undef FLASHOP_WG_D_56
+#undef FLASHOP_WG_D_64
+#undef FLASHOP_WG_D_80
+#undef FLASHOP_WG_D_88
+#undef FLASHOP_WG_D_96
+#undef FLASHOP_WG_D_112
+#undef FLASHOP_WG_D_128
 #undef FLASHOP_WG_ARG32_0
 #undef FLASHOP_WG_ARG32_1
 #undef FLASHOP_WG_ARG32_2
@@ -210,6 +259,34 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #undef FLASHOP_WG_ARG40_4
 #undef FLASHOP_WG_ARG40_5
 #undef FLASHOP_WG_ARG40_6
+#undef FLASHOP_WG_ARG48_0
+#undef FLASHOP_WG_ARG48_1
+#undef FLASHOP_WG_ARG48_2
+#undef FLASHOP_WG_ARG48_3
+#undef FLASHOP_WG_ARG48_4
+#undef FLASHOP_WG_ARG48_5
+#undef FLASHOP_WG_ARG48_6
+#undef FLASHOP_WG_ARG56_0
+#undef FLASHOP_WG_ARG56_1
+#undef FLASHOP_WG_ARG56_2
+#undef FLASHOP_WG_ARG56_3
+#undef FLASHOP_WG_ARG56_4
+#undef FLASHOP_WG_ARG56_5
+#undef FLASHOP_WG_ARG56_6
+#undef FLASHOP_WG_ARG80_0
+#undef FLASHOP_WG_ARG80_1
+#undef FLASHOP_WG_ARG80_2
+#undef FLASHOP_WG_ARG80_3
+#undef FLASHOP_WG_ARG80_4
+#undef FLASHOP_WG_ARG80_5
+#undef FLASHOP_WG_ARG80_6
+#undef FLASHOP_WG_ARG112_0
+#undef FLASHOP_WG_ARG112_1
+#undef FLASHOP_WG_ARG112_2
+#undef FLASHOP_WG_ARG112_3
+#undef FLASHOP_WG_ARG112_4
+#undef FLASHOP_WG_ARG112_5
+#undef FLASHOP_WG_ARG112_6
 #undef FLASHOP_WG_ARG64_0
 #undef FLASHOP_WG_ARG64_1
 #undef FLASHOP_WG_ARG64_2
@@ -217,10 +294,27 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #undef FLASHOP_WG_ARG64_4
 #undef FLASHOP_WG_ARG64_5
 #undef FLASHOP_WG_ARG64_6
-#undef FLASHOP_WG_D32
-#undef FLASHOP_WG_D8
-#undef FLASHOP_WG_D_128
-#undef FLASHOP_WG_D_88
-#undef FLASHOP_WG_D_32
-#undef FLASHOP_WG_D_64
-#undef FLASHOP_WG_D_40
+#undef FLASHOP_WG_ARG88_0
+#undef FLASHOP_WG_ARG88_1
+#undef FLASHOP_WG_ARG88_2
+#undef FLASHOP_WG_ARG88_3
+#undef FLASHOP_WG_ARG88_4
+#undef FLASHOP_WG_ARG88_5
+#undef FLASHOP_WG_ARG88_6
+#undef FLASHOP_WG_ARG96_0
+#undef FLASHOP_WG_ARG96_1
+#undef FLASHOP_WG_ARG96_2
+#undef FLASHOP_WG_ARG96_3
+#undef FLASHOP_WG_ARG96_4
+#undef FLASHOP_WG_ARG96_5
+#undef FLASHOP_WG_ARG96_6
+#undef FLASHOP_WG_ARG128_0
+#undef FLASHOP_WG_ARG128_1
+#undef FLASHOP_WG_ARG128_2
+#undef FLASHOP_WG_ARG128_3
+#undef FLASHOP_WG_ARG128_4
+#undef FLASHOP_WG_ARG128_5
+#undef FLASHOP_WG_ARG128_6
+#undef FLASHOP_WGMMA_SS_ASM
+#undef FLASHOP_WGMMA_RS_ASM
+#undef FLASHOP_WGMMA_BY_TYPE
