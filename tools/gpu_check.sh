@@ -26,6 +26,9 @@
 #             written); COMPARE_ARGS narrows it, e.g. "--headdims 128 --directions backward". $OUT/compare.log.
 #   policy    tune into a scratch cache, then the policy's picks against the best config per shape
 #             (TUNE_ARGS: flashop.tune arguments). $OUT/policy.md, $OUT/tuned_cache.json.
+#   fa2       FlashAttention-2's tests/test_flash_attn.py through tools/fa2_suite (FA2_TEST: the file, default
+#             .fa2/test_flash_attn.py; FA2_K: a -k expression, default the dense test functions; FA2_ARGS: more
+#             pytest arguments, default deselecting the options flashop lacks). $OUT/fa2.log.
 #   profile   Nsight Compute on one kernel launch of tools/probes/profile_case.py (PROFILE_ARGS, PROFILE_KERNEL: a
 #             kernel name regex, default fwd_kernel_sm90): the report, its details page and a per-instruction
 #             stall listing (tools/probes/ncu_sass_listing.py).
@@ -34,7 +37,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 usage() { sed -n '2,/^set -uo/{/^#/{s/^# \{0,1\}//;p}}' "$0"; }
-known=" prebuilt build pack test sanitize bench quick compare policy profile "
+known=" prebuilt build pack test sanitize bench quick compare policy fa2 profile "
 for arg in "$@"; do
   case "$arg" in
     -h|--help) usage; exit 0 ;;
@@ -116,6 +119,14 @@ if has policy; then
   FLASHOP_CACHE_DIR="$OUT/cache" python3 -m flashop.tune --report "$OUT/policy.md" ${TUNE_ARGS:-} 2>&1 | grep -v "it/s\]" \
     > "$OUT/policy.log"; tail -4 "$OUT/policy.log"
   cp "$OUT/cache/tuned_v1.json" "$OUT/tuned_cache.json" 2>/dev/null; rm -rf "$OUT/cache"
+fi
+if has fa2; then
+  step "FlashAttention-2's tests"
+  timeout "${TEST_TIMEOUT:-900}" bash tools/fa2_suite/run.sh "${FA2_TEST:-.fa2/test_flash_attn.py}" -q -rf \
+    -k "${FA2_K:-not varlen and not kvcache}" ${FA2_ARGS:---fa2-without dropout_p,local,alibi,softcap} 2>&1 \
+    | grep -v "^SKIPPED" > "$OUT/fa2.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  grep -E "^FAILED" "$OUT/fa2.log" | cut -c1-200 | head -20; tail -1 "$OUT/fa2.log"
 fi
 if has profile; then
   step "ncu profile"
