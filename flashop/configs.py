@@ -671,7 +671,8 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 # deterministic (dQ atomics): deterministic=True runs an mma.sync backward config instead.
 #
 # Tile widths of the Hopper backward kernel (csrc/cuda/sm90/bwd_kernel.cuh Sm90BwdTraits): 64-column blocks
-# in the 128-byte swizzle at 64 and 128, 32-column blocks in the 64-byte swizzle at 96.
+# in the 128-byte swizzle at 64 and 128; at 96 32-column blocks in the 64-byte swizzle (K: 16-column blocks
+# in the 32-byte swizzle).
 HOPPER_BACKWARD_WIDTHS = (64, 96, 128)
 
 

@@ -31,7 +31,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
                       p.do_row_stride, p.do_head_stride, T::kBlockM, T::kColBlock);
   if (err == cudaSuccess)
     err = encode_bshd(&tk, T::kBf16, p.k, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.k_batch_stride,
-                      p.k_row_stride, p.k_head_stride, T::kBlockN, T::kColBlock);
+                      p.k_row_stride, p.k_head_stride, T::kBlockN, T::kKColBlock);
   if (err == cudaSuccess)
     err = encode_bshd(&tv, T::kBf16, p.v, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.v_batch_stride,
                       p.v_row_stride, p.v_head_stride, T::kBlockN, T::kColBlock);
