@@ -666,9 +666,14 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
 #
-# Names: sm90.bwd.<dtype>.d<64|128>.br64.bc128. FlashAttention-2's backward on wgmma + TMA: one producer and
+# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128. FlashAttention-2's backward on wgmma + TMA: one producer and
 # two consumer warpgroups per key tile of 128 rows (csrc/cuda/sm90/bwd_kernel.cuh). Not
 # deterministic (dQ atomics): deterministic=True runs an mma.sync backward config instead.
+#
+# Tile widths of the Hopper backward kernel (csrc/cuda/sm90/bwd_kernel.cuh Sm90BwdTraits): 64-column blocks
+# in the 128-byte swizzle at 64 and 128; at 96 32-column blocks in the 64-byte swizzle (K: 16-column blocks
+# in the 32-byte swizzle).
+HOPPER_BACKWARD_WIDTHS = (64, 96, 128)
 
 
 @dataclass(frozen=True)
@@ -681,8 +686,9 @@ class HopperBackwardConfig:
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"HopperBackwardConfig: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.headdim not in (64, 128) or (self.block_n, self.block_m) != (128, 64):
-            raise ValueError(f"HopperBackwardConfig {self.name!r}: the kernel takes D = 64 or 128, B_c = 128, B_r = 64")
+        if self.headdim not in HOPPER_BACKWARD_WIDTHS or (self.block_n, self.block_m) != (128, 64):
+            raise ValueError(f"HopperBackwardConfig {self.name!r}: the kernel takes D = "
+                             f"{', '.join(map(str, HOPPER_BACKWARD_WIDTHS))}, B_c = 128, B_r = 64")
 
     @property
     def name(self) -> str:
@@ -693,7 +699,8 @@ class HopperBackwardConfig:
 
     def smem_bytes(self) -> int:
         """Sm90BwdTraits::kSmemBytes: K and V tiles, 2 stages of Q and dO, 2 dS buffers (B_r x B_c), 2 stages
-        of lse and D (B_r floats each), 5 mbarriers and 1024 bytes of alignment slack."""
+        of lse and D (B_r floats each), 5 mbarriers and 1024 bytes of alignment slack. The column blocks
+        (64 or 32 columns) tile D exactly, with no padding."""
         d, n, m = self.headdim, self.block_n, self.block_m
         return ELEMENT_BYTES * (2 * n * d + 2 * 2 * m * d + 2 * m * n) + 2 * 2 * m * 4 + 8 * 5 + 1024
 
@@ -711,7 +718,7 @@ class HopperBackwardConfig:
         return config
 
 
-HOPPER_BACKWARD_CONFIGS = tuple(HopperBackwardConfig(dtype, d) for d in (128, 64) for dtype in ("bf16", "fp16"))
+HOPPER_BACKWARD_CONFIGS = tuple(HopperBackwardConfig(dtype, d) for d in (128, 64, 96) for dtype in ("bf16", "fp16"))
 
 
 # ---------------------------------------------------------------- selecting what to build

@@ -5,10 +5,11 @@ swizzle, tile widths 96, 160 and 224), against two independent descriptions of t
 
 - where a TMA load puts element (row, column) of a box, from the PTX ISA's table of swizzling modes (section
   "Swizzling Modes": 16-byte chunk c of 128-byte line L of the box lands at chunk c ^ (L % 8) with the
-  128-byte swizzle, c ^ (L % 4) with the 64-byte one, the box starting on a 1024- / 512-byte boundary);
+  128-byte swizzle, c ^ (L % 4) with the 64-byte one, c ^ (L % 2) with the 32-byte one, the box starting on
+  a 1024- / 512- / 256-byte boundary);
 - which shared-memory byte a wgmma reads for element (m or n, k) of a descriptor, from the canonical layouts
-  of CUTLASS's make_gmma_desc (cute/atom/mma_traits_sm90_gmma.hpp), in 16-byte units with W = 8 (128B) or
-  4 (64B) and the swizzle Swizzle<log2 W, 4, 3> applied to the address:
+  of CUTLASS's make_gmma_desc (cute/atom/mma_traits_sm90_gmma.hpp), in 16-byte units with W = 8 (128B),
+  4 (64B) or 2 (32B) and the swizzle Swizzle<log2 W, 4, 3> applied to the address:
     K-major:  ((8, m), 2) : ((W, SBO), 1)              element (i, k) of a k16 step
     MN-major: ((W, n), (8, k)) : ((1, LBO), (W, SBO))  element (n, k), 8 16-bit n per unit.
 
@@ -37,6 +38,15 @@ def make_desc_sw(row_bytes, addr, lbo, sbo):
     d |= ((lbo >> 4) & 0x3FFF) << 16
     d |= ((sbo >> 4) & 0x3FFF) << 32
     d |= (1 if row_bytes == 128 else 2) << 62
+    return d
+
+
+def make_desc_sw32(addr, lbo, sbo):
+    """primitives.cuh make_desc_sw32."""
+    d = (addr & 0x3FFFF) >> 4
+    d |= ((lbo >> 4) & 0x3FFF) << 16
+    d |= ((sbo >> 4) & 0x3FFF) << 32
+    d |= 3 << 62
     return d
 
 
@@ -78,8 +88,8 @@ def tma_byte(box_base, span, row, col):
     """PTX ISA swizzling-mode table: byte of element (row, col) (16-bit) of a box of `span`-byte rows."""
     linear = row * span + 2 * col
     line, chunk, within = linear // 128, (linear % 128) // 16, linear % 16
-    assert box_base % (8 * span) == 0, "the table's pattern starts on a 1024 (128B) / 512 (64B) byte boundary"
-    xor = line % 8 if span == 128 else line % 4
+    assert box_base % (8 * span) == 0, "the table's pattern starts on a 1024 (128B) / 512 (64B) / 256 (32B) byte boundary"
+    xor = line % (span // 16)  # 128B: line % 8, 64B: line % 4, 32B: line % 2
     return box_base + line * 128 + (chunk ^ xor) * 16 + within
 
 
@@ -89,7 +99,7 @@ def decode(desc):
     sbo = ((desc >> 32) & 0x3FFF) << 4
     mode = desc >> 62
     assert (desc >> 49) & 7 == 0, "base offset 0"
-    return start, lbo, sbo, {1: 8, 2: 4}[mode]
+    return start, lbo, sbo, {1: 8, 2: 4, 3: 2}[mode]
 
 
 def swizzle(addr, w):
@@ -173,10 +183,202 @@ def test_o_staging(width, block_n):
 
 
 def test_swizzle_models_agree_with_the_table():
-    """The 64-byte swizzle as the brief states it for 64-byte rows: chunk q of row r at q ^ ((r / 2) % 4)."""
+    """The 64-byte swizzle as the brief states it for 64-byte rows: chunk q of row r at q ^ ((r / 2) % 4); the
+    32-byte one for 32-byte rows (CUTLASS Layout_K_SW32_Atom, Swizzle<1,4,3>): q ^ ((r / 4) % 2)."""
     for r in range(16):
         for q in range(4):
             assert tma_byte(0, 64, r, 8 * q) == r * 64 + (q ^ ((r // 2) % 4)) * 16
             assert swizzle(r * 64 + q * 16, 4) == r * 64 + (q ^ ((r // 2) % 4)) * 16
+        for q in range(2):
+            assert tma_byte(0, 32, r, 8 * q) == r * 32 + (q ^ ((r // 4) % 2)) * 16
+            assert swizzle(r * 32 + q * 16, 2) == r * 32 + (q ^ ((r // 4) % 2)) * 16
         for q in range(8):
             assert tma_byte(0, 128, r, 8 * q) == r * 128 + (q ^ (r % 8)) * 16
+
+
+# ---------------------------------------------------------------- the backward kernel (csrc/cuda/sm90/bwd_kernel.cuh)
+#
+# Sm90BwdTraits: B_c = 128 keys per CTA (64 per consumer warpgroup c), B_r = 64 queries per step; Q, dO, V in
+# the forward's column-block layouts (geometry above with block_m = 64), K in the same except at width 96
+# (16-column blocks, 32-byte rows, 32B swizzle); dS as [query][key] in 64-key blocks of 128-byte rows (128B
+# swizzle, written by stmatrix.trans) whatever the width. Mirrored: gemm_nt (S^T, dP^T), the dV / dK wgmma_rs,
+# the dQ wgmma_ss of both forms (split keys at D = 64, split columns at 96 and 128) and the dS stmatrix
+# addresses.
+
+BWD_WIDTHS = (64, 96, 128)
+
+
+def _configs():
+    """flashop/configs.py by file path (importing the package needs the built extension)."""
+    import importlib.util
+    import os
+    import sys
+    name = "flashop_configs_by_path"
+    if name not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "flashop", "configs.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+BWD_M, BWD_N = 64, 128
+
+
+def bwd_traits(width):
+    """Sm90BwdTraits' layout constants and offsets (bytes from the 1024-aligned base)."""
+    g = geometry(width, BWD_M, BWD_N)
+    kv_tile, q_tile, ds_block = g["blocks"] * g["kv_block"], g["blocks"] * g["q_block"], BWD_M * 128
+    t = dict(g, kv_tile=kv_tile, q_tile=q_tile, ds_block=ds_block, split_keys=width == 64,
+             dq_cols=width if width == 64 else width // 2)
+    k_cols = 16 if width == 96 else g["col_block"]  # kKColBlock
+    t["kg"] = dict(col_block=k_cols, row_bytes=2 * k_cols, atom=16 * k_cols, blocks=width // k_cols,
+                   kv_block=BWD_N * 2 * k_cols)
+    assert t["kg"]["blocks"] * t["kg"]["kv_block"] == kv_tile
+    t["k"] = 0
+    t["v"] = t["k"] + kv_tile
+    t["q"] = t["v"] + kv_tile  # stage s at + s * q_tile
+    t["do"] = t["q"] + 2 * q_tile
+    t["ds"] = t["do"] + 2 * q_tile  # buffer u, key block c at + (2u + c) ds_block
+    t["lse"] = t["ds"] + 4 * ds_block
+    t["dsum"] = t["lse"] + 2 * BWD_M * 4
+    t["bar"] = t["dsum"] + 2 * BWD_M * 4
+    t["smem"] = t["bar"] + 8 * 5 + 1024
+    return t
+
+
+def bwd_tile_desc(row_bytes, addr, lbo):
+    """bwd_kernel.cuh bwd_tile_desc<kRowBytes>: make_desc_sw128 (= make_desc_sw<128>), make_desc_sw<64> or
+    make_desc_sw32, SBO = one atom of 8 rows."""
+    if row_bytes == 32:
+        return make_desc_sw32(addr, lbo, 8 * row_bytes)
+    return make_desc_sw(row_bytes, addr, lbo, 8 * row_bytes)
+
+
+def bwd_nt_descs(t, width, s_a, s_b, c, a_is_k):
+    """gemm_nt: (desc_a, desc_b) of each k16 step; A = rows 64c.. of K (K's blocks) or V, B = Q or dO, both
+    K-major."""
+    steps = t["col_block"] // 16
+    a = t["kg"] if a_is_k else t
+    a_steps = a["col_block"] // 16
+    out = []
+    for k in range(width // 16):
+        aoff = (k // a_steps) * a["kv_block"] + 64 * c * a["row_bytes"] + (k % a_steps) * 32
+        boff = (k // steps) * t["q_block"] + (k % steps) * 32
+        out.append((bwd_tile_desc(a["row_bytes"], s_a + aoff, 16), bwd_tile_desc(t["row_bytes"], s_b + boff, 16)))
+    return out
+
+
+def bwd_dkv_desc(t, s_b, j):
+    """dV += P^T dO, dK += dS^T Q: desc_b of k16 step j (queries 16j ..), MN-major, N = D."""
+    return bwd_tile_desc(t["row_bytes"], s_b + j * 2 * t["atom"], t["q_block"])
+
+
+def bwd_dq_descs(t, s_ds, s_k, c):
+    """The dQ wgmma_ss: (desc_a, desc_b) of each k16 step, and the first dQ column of consumer c's accumulator."""
+    out = []
+    kg = t["kg"]
+    if t["split_keys"]:
+        for k in range(4):
+            out.append((make_desc_sw(128, s_ds + c * t["ds_block"] + k * 32, 16, 1024),
+                        make_desc_sw(128, s_k + (64 * c + 16 * k) * 128, kg["kv_block"], 1024)))
+        return out, 0
+    for k in range(BWD_N // 16):
+        b = s_k + c * (t["dq_cols"] // kg["col_block"]) * kg["kv_block"] + k * 16 * kg["row_bytes"]
+        out.append((make_desc_sw(128, s_ds + (k // 4) * t["ds_block"] + (k % 4) * 32, 16, 1024),
+                    bwd_tile_desc(kg["row_bytes"], b, kg["kv_block"])))
+    return out, t["dq_cols"] * c
+
+
+def bwd_ds_store(t, s_ds, c, warp, lane, j):
+    """The row address lane gives the stmatrix.x4.trans of k step j (consumer c's key block of dS)."""
+    mi, r = lane // 8, lane % 8
+    chunk = 2 * warp + mi % 2
+    q = 16 * j + 8 * (mi // 2) + r
+    return s_ds + c * t["ds_block"] + q * 128 + ((chunk ^ (q & 7)) << 4)
+
+
+def ds_byte(t, s_ds, q, key):
+    """Where the dS tile's element (query q, key 0..127 of the CTA) lives: a [query][key] tile of two 64-key
+    blocks of 128-byte rows in the 128B swizzle (the layout of a TMA box of 64 columns)."""
+    g128 = geometry(128, BWD_M, BWD_N)
+    return tile_byte(g128, s_ds, BWD_M, q, key)
+
+
+@pytest.mark.parametrize("width", BWD_WIDTHS)
+def test_bwd_layout(width):
+    """Every tile starts on a swizzle atom, the column blocks tile D exactly, and the byte count is
+    HopperBackwardConfig.smem_bytes() (which the generated code static_asserts against kSmemBytes)."""
+    t = bwd_traits(width)
+    assert t["blocks"] * t["col_block"] == width
+    assert t["col_block"] == (64 if width in (64, 128) else 32)
+    for off in ("v", "q", "do"):
+        assert t[off] % t["atom"] == 0
+    assert t["kv_block"] % t["atom"] == 0 and t["q_block"] % t["atom"] == 0 and t["ds"] % 1024 == 0
+    assert t["kg"]["kv_block"] % t["kg"]["atom"] == 0
+    if not t["split_keys"]:  # each consumer's dQ columns are whole K blocks
+        assert t["dq_cols"] % t["kg"]["col_block"] == 0
+    assert t["smem"] == _configs().HopperBackwardConfig("bf16", width).smem_bytes() <= 227 * 1024
+    assert _configs().HopperBackwardConfig("fp16", width).name in [c.name for c in _configs().HOPPER_BACKWARD_CONFIGS]
+
+
+@pytest.mark.parametrize("width", BWD_WIDTHS)
+def test_bwd_st_dpt_operands(width):
+    """S^T = K_c Q^T and dP^T = V_c dO^T: element (key 64c + i, column 16k + kk) of K (V) and (query n, same
+    column) of Q (dO), as the TMA loads placed them."""
+    t = bwd_traits(width)
+    s_q = BASE + t["q"] + t["q_tile"]  # stage 1 of Q
+    for a_is_k, s_a, g_a in ((True, BASE + t["k"], t["kg"]), (False, BASE + t["v"], t)):
+        for c in (0, 1):
+            for k, (da, db) in enumerate(bwd_nt_descs(t, width, s_a, s_q, c, a_is_k)):
+                for kk in range(16):
+                    col = 16 * k + kk
+                    for i in range(64):
+                        assert wgmma_k_major(da, i, kk) == tile_byte(g_a, s_a, BWD_N, 64 * c + i, col)
+                    for n in range(BWD_M):
+                        assert wgmma_k_major(db, n, kk) == tile_byte(t, s_q, BWD_M, n, col)
+
+
+@pytest.mark.parametrize("width", BWD_WIDTHS)
+def test_bwd_dv_dk_operand(width):
+    """dV += P^T dO (dK += dS^T Q): B element (column n of D, query 16j + kk) of the dO (Q) stage."""
+    t = bwd_traits(width)
+    s_do = BASE + t["do"] + t["q_tile"]
+    for j in range(BWD_M // 16):
+        db = bwd_dkv_desc(t, s_do, j)
+        for n in range(width):
+            for kk in range(16):
+                assert wgmma_mn_major(db, n, kk) == tile_byte(t, s_do, BWD_M, 16 * j + kk, n)
+
+
+@pytest.mark.parametrize("width", BWD_WIDTHS)
+def test_bwd_dq_operands(width):
+    """dQ = dS K: A element (query i, key) of dS as stmatrix wrote it, B element (dQ column, key) of K; split
+    keys: consumer c's keys 64c .. 64c + 63, all D columns; split columns: all 128 keys, columns 64c .. 64c + 63."""
+    t = bwd_traits(width)
+    s_ds, s_k = BASE + t["ds"] + 2 * t["ds_block"], BASE + t["k"]  # dS buffer 1
+    for c in (0, 1):
+        descs, col0 = bwd_dq_descs(t, s_ds, s_k, c)
+        assert len(descs) * 16 == (64 if t["split_keys"] else BWD_N)
+        for k, (da, db) in enumerate(descs):
+            for kk in range(16):
+                key = (64 * c if t["split_keys"] else 0) + 16 * k + kk
+                for i in range(BWD_M):
+                    assert wgmma_k_major(da, i, kk) == ds_byte(t, s_ds, i, key)
+                for n in range(t["dq_cols"]):
+                    assert wgmma_mn_major(db, n, kk) == tile_byte(t["kg"], s_k, BWD_N, key, col0 + n)
+
+
+def test_bwd_ds_stmatrix():
+    """stmatrix.x4.trans of dS^T fragments: row r of matrix mi (k step j) is query 16j + 8(mi / 2) + r, keys
+    16 warp + 8 (mi % 2) .. + 7 of consumer c's block, 16 contiguous bytes where ds_byte puts them."""
+    t = bwd_traits(128)
+    s_ds = BASE + t["ds"]
+    for c in (0, 1):
+        for warp in range(4):
+            for j in range(BWD_M // 16):
+                for lane in range(32):
+                    mi, r = lane // 8, lane % 8
+                    q, key0 = 16 * j + 8 * (mi // 2) + r, 64 * c + 16 * warp + 8 * (mi % 2)
+                    a = bwd_ds_store(t, s_ds, c, warp, lane, j)
+                    for e in range(8):
+                        assert a + 2 * e == ds_byte(t, s_ds, q, key0 + e)

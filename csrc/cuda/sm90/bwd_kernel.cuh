@@ -11,16 +11,19 @@
 //   S^T  = K_c Q_i^T            SS wgmma m64n64, K = D     (both K-major)
 //   dP^T = V_c dO_i^T           SS wgmma m64n64            (issued right after S^T)
 //   P^T  = exp2(S^T scale log2e - lse_log2_i), masked      (under dP^T's wgmma)
-//   dV_c += P^T dO_i            RS wgmma m64n128, K = 64 queries (dO MN-major; issued before dP^T is
+//   dV_c += P^T dO_i            RS wgmma m64nD, K = 64 queries (dO MN-major; issued before dP^T is
 //                               waited for, so it runs under the next line)
 //   dS^T = P^T (dP^T - D_i)
-//   dK_c += dS^T Q_i            RS wgmma m64n128
+//   dK_c += dS^T Q_i            RS wgmma m64nD
 //   dS_i -> shared memory ([query][key], stmatrix.trans), both consumers' halves, double-buffered
-//   D = 128: dQ_i[:, 64c:64c+64] = dS_i K[:, 64c:64c+64]   SS wgmma m64n64, K = 128 keys (K MN-major)
-//   D = 64:  dQ_i += dS_i[:, keys of c] K[keys of c, :]     SS wgmma m64n64, K = 64 keys
+//   D = 128, 96: dQ_i[:, cD/2 : (c+1)D/2] = dS_i K[:, cD/2 : (c+1)D/2]   SS wgmma m64n(D/2), K = 128 keys
+//                (K MN-major)
+//   D = 64:      dQ_i += dS_i[:, keys of c] K[keys of c, :]     SS wgmma m64n64, K = 64 keys
 //   dQ fragments -> red.global.add.v2.f32 into the fp32 accumulator (unscaled).
 // dK (times softmax_scale) and dV are written from registers at the end. GQA: the walk covers every
 // query head of the kv head's group, so dK/dV are summed over the group without atomics.
+// D = 96 tiles are 32-column blocks in the 64B swizzle, K 16-column blocks in the 32B swizzle
+// (Sm90BwdTraits::kColBlock, kKColBlock; 130 KiB).
 // Shared memory (128B-swizzled tiles of 64 columns, as the TMA maps write them), D = 128 (64): K, V
 // 2 x 32 (16) KiB; Q, dO 2 stages x 16 (8) KiB each; dS 2 buffers x 16 KiB; lse/D 2 stages x 512 B:
 // 161 (97) KiB.
@@ -43,37 +46,78 @@ namespace sm90 {
 template <bool kBf16_, int kHeadDim_>
 struct Sm90BwdTraits {
   static constexpr bool kBf16 = kBf16_;
-  static constexpr int kHeadDim = kHeadDim_;  // 64 or 128
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "the sm90 backward takes D = 64 or 128");
-  static constexpr int kDBlocks = kHeadDim / 64;  // 64-column blocks of a Q, dO, K or V tile
-  // dQ_i = dS K over the 128 keys: at D = 128 each consumer computes 64 of the columns from both
-  // consumers' dS (one barrier over 256 threads); at D = 64 (no m64n32 spelled) each consumer adds
-  // the partial product of its own 64 keys (twice the atomics, a barrier of its own warpgroup).
+  static constexpr int kHeadDim = kHeadDim_;  // the tile width: 64, 96 or 128
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128, "the sm90 backward takes D = 64, 96 or 128");
+  // Q, dO and V tiles (K too, except at D = 96: kKColBlock below) are column blocks of kColBlock
+  // elements, one swizzle span per row, as the TMA maps write them (the forward's layouts, fwd_traits.cuh): 64 (128 bytes, 128B swizzle, 1024-byte
+  // atoms of 8 rows) at D = 64 and 128; 32 (64 bytes, 64B swizzle, 512-byte atoms) at D = 96. K-major
+  // operands (S^T, dP^T) take two k16 steps of 32 bytes per 32-column block, four per 64-column one;
+  // MN-major operands (dV, dK, dQ) walk D in column blocks one block apart (LBO).
+  static constexpr int kColBlock = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kRowBytes = 2 * kColBlock;
+  static constexpr int kAtomBytes = 8 * kRowBytes;
+  static constexpr int kDBlocks = kHeadDim / kColBlock;  // column blocks of a Q, dO or V tile
+  // dQ_i = dS K over the 128 keys: at D = 128 and 96 each consumer computes half of the columns from
+  // both consumers' dS (one barrier over 256 threads); at D = 64 (no m64n32 spelled) each consumer adds
+  // the partial product of its own 64 keys (twice the atomics, a barrier of its own warpgroup). D = 96
+  // splits the columns for the atomics: 12 red.v2 per thread and step instead of 24 over split keys.
   static constexpr bool kDQSplitKeys = kHeadDim == 64;
+  static constexpr int kDQCols = kDQSplitKeys ? kHeadDim : kHeadDim / 2;  // N of the dQ wgmma
+  // K is dQ's MN-major B operand as well as S^T's K-major A. At D = 96 its blocks are 16 columns in the
+  // 32B swizzle (32-byte rows, 256-byte atoms), so that each consumer's 48 dQ columns are three whole
+  // blocks: the canonical MN-major layouts have N = 16m in the 32B swizzle but 32m in the 64B one, where
+  // the second consumer's columns 48 .. 95 would start inside a block. S^T then takes one k16 step per
+  // K block. Elsewhere K has the tile's blocks.
+  static constexpr int kKColBlock = kHeadDim == 96 ? 16 : kColBlock;
+  static constexpr int kKRowBytes = 2 * kKColBlock;
+  static constexpr int kKAtomBytes = 8 * kKRowBytes;
+  static constexpr int kKBlocks = kHeadDim / kKColBlock;
+  static_assert(kDQSplitKeys || kDQCols % kKColBlock == 0, "each consumer's dQ columns are whole K blocks");
   static constexpr int kBlockN = 128;  // keys per CTA (64 per consumer warpgroup)
   static constexpr int kBlockM = 64;   // queries per step
   static constexpr int kStages = 2;
   static constexpr int kThreads = 384;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
-  // A 64-column block of a tile (128 bytes per row, 128B swizzle).
-  static constexpr uint32_t kKVHalf = kBlockN * 64 * 2;  // 16 KiB
-  static constexpr uint32_t kQHalf = kBlockM * 64 * 2;   // 8 KiB (also one 64-key block of dS)
-  static constexpr uint32_t kKVTile = kDBlocks * kKVHalf;
-  static constexpr uint32_t kQTile = kDBlocks * kQHalf;
+  // A column block of a tile: 16 (8) KiB of K or V, 8 (4) KiB of Q or dO with 128-byte (64-byte) rows.
+  static constexpr uint32_t kKVBlock = kBlockN * kRowBytes;
+  static constexpr uint32_t kKBlock = kBlockN * kKRowBytes;  // a column block of K
+  static constexpr uint32_t kQBlock = kBlockM * kRowBytes;
+  // One 64-key block of dS ([query][key], 128-byte rows, 128B swizzle whatever D): 8 KiB.
+  static constexpr uint32_t kDSBlock = kBlockM * 64 * 2;
+  static constexpr uint32_t kKVTile = kDBlocks * kKVBlock;
+  static constexpr uint32_t kQTile = kDBlocks * kQBlock;
   static constexpr uint32_t kKOff = 0;
   static constexpr uint32_t kVOff = kKOff + kKVTile;
   static constexpr uint32_t kQOff = kVOff + kKVTile;               // stage s at + s * kQTile
   static constexpr uint32_t kDOOff = kQOff + kStages * kQTile;
-  static constexpr uint32_t kDSOff = kDOOff + kStages * kQTile;    // buffer u, key block c at + (2u + c) kQHalf
-  static constexpr uint32_t kLseOff = kDSOff + 2 * 2 * kQHalf;      // stage s at + s * 256
+  static constexpr uint32_t kDSOff = kDOOff + kStages * kQTile;    // buffer u, key block c at + (2u + c) kDSBlock
+  static constexpr uint32_t kLseOff = kDSOff + 2 * 2 * kDSBlock;    // stage s at + s * 256
   static constexpr uint32_t kDsumOff = kLseOff + kStages * kBlockM * 4;
   static constexpr uint32_t kBarOff = kDsumOff + kStages * kBlockM * 4;
   static constexpr uint32_t kBars = 1 + 2 * kStages;  // kv_full, full[s], empty[s]
   // + 1024: the dynamic shared memory base is aligned up to 1024 bytes in the kernel.
   static constexpr uint32_t kSmemBytes = kBarOff + 8 * kBars + 1024;
   static constexpr uint32_t kStepTxBytes = 2 * kQTile + 2 * kBlockM * 4;  // Q, dO, lse, D
+  // Every tile and column block starts on a swizzle atom (the TMA's and the descriptors' patterns agree
+  // with base offset 0); dS's 128B-swizzled blocks on 1024 bytes. D = 96: K, V 2 x 24 KiB; Q, dO 2 stages
+  // x 12 KiB each; dS 2 x 16 KiB; lse/D 1 KiB: 130 KiB + barriers + slack.
+  static_assert(kKVBlock % kAtomBytes == 0 && kQBlock % kAtomBytes == 0 && kVOff % kAtomBytes == 0 &&
+                    kQOff % kAtomBytes == 0 && kDOOff % kAtomBytes == 0 && kDSOff % 1024 == 0 &&
+                    kKBlock % kKAtomBytes == 0,
+                "swizzle atoms");
+  static_assert(kKBlocks * kKBlock == kKVTile, "K and V tiles of one size");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
+
+// The wgmma descriptor of a Q, dO, K or V operand at smem_addr in column blocks of kRowBytes-byte rows
+// (128, 64 or 32: the 128B, 64B or 32B swizzle; SBO = one atom of 8 rows).
+template <int kRowBytes>
+__device__ __forceinline__ uint64_t bwd_tile_desc(uint32_t smem_addr, uint32_t lbo_bytes) {
+  if constexpr (kRowBytes == 128) return make_desc_sw128(smem_addr, lbo_bytes, 8 * kRowBytes);
+  else if constexpr (kRowBytes == 64) return make_desc_sw<64>(smem_addr, lbo_bytes, 8 * kRowBytes);
+  else return make_desc_sw32(smem_addr, lbo_bytes, 8 * kRowBytes);
+}
 
 // 1-D bulk copy global -> shared (16-byte multiples), completing on an mbarrier.
 __device__ __forceinline__ void bulk_load(uint32_t smem_dst, const void* src, uint32_t bytes, uint32_t bar) {
@@ -157,9 +201,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     setmaxnreg_dec<T::kProducerRegs>();
     if (tid == 0 && total > 0) {
       mbar_arrive_expect_tx(bar_kv, 2 * T::kKVTile);
-      for (int h = 0; h < T::kDBlocks; ++h) {
-        tma_load_4d(&tm_k, sK + h * T::kKVHalf, bar_kv, 64 * h, key0, hk, b);
-        tma_load_4d(&tm_v, sV + h * T::kKVHalf, bar_kv, 64 * h, key0, hk, b);
+      for (int h = 0; h < T::kKBlocks; ++h) {
+        tma_load_4d(&tm_k, sK + h * T::kKBlock, bar_kv, T::kKColBlock * h, key0, hk, b);
+        if (h < T::kDBlocks) tma_load_4d(&tm_v, sV + h * T::kKVBlock, bar_kv, T::kColBlock * h, key0, hk, b);
       }
       for (int it = 0; it < total; ++it) {
         const int s = it % T::kStages;
@@ -171,8 +215,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         mbar_arrive_expect_tx(full, T::kStepTxBytes);
         const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
         for (int h = 0; h < T::kDBlocks; ++h) {
-          tma_load_4d(&tm_q, sQ + h * T::kQHalf, full, 64 * h, m * kBM, hq, b);
-          tma_load_4d(&tm_do, sDO + h * T::kQHalf, full, 64 * h, m * kBM, hq, b);
+          tma_load_4d(&tm_q, sQ + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
+          tma_load_4d(&tm_do, sDO + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
         }
         // The workspaces are padded to kBwdSeqQPad rows: the whole tile is in bounds.
         const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + int64_t(m) * kBM;
@@ -207,22 +251,27 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
     mbar_wait(bar_full(s), (it / T::kStages) & 1);
 
-    // S^T = K_c Q^T and dP^T = V_c dO^T: 8 k16 steps over D each (two 64-column blocks).
-    // acc = A_c B^T with A = K or V (this consumer's 64 rows), B = Q or dO, both K-major over D.
-    auto gemm_nt = [&](float (&acc)[kBM / 2], uint32_t sA, uint32_t sB) {
+    // S^T = K_c Q^T and dP^T = V_c dO^T: D/16 k16 steps each, (column block)/16 per column block.
+    // acc = A_c B^T with A = K or V (this consumer's 64 rows; a_is_k: K's column blocks, else V's), B = Q
+    // or dO, both K-major over D. a_is_k is a constant at each (inlined) call.
+    auto gemm_nt = [&](float (&acc)[kBM / 2], uint32_t sA, uint32_t sB, bool a_is_k) {
+      constexpr int kSteps = T::kColBlock / 16, kKSteps = T::kKColBlock / 16;
 #pragma unroll
       for (int k = 0; k < kD / 16; ++k) {
-        const uint32_t aoff = (k / 4) * T::kKVHalf + 64 * c * 128 + (k % 4) * 32;
-        const uint32_t boff = (k / 4) * T::kQHalf + (k % 4) * 32;
-        wgmma_ss<T::kBf16, kBM, 0>(acc, make_desc_sw128(sA + aoff, 16, 1024), make_desc_sw128(sB + boff, 16, 1024),
-                                   k > 0);
+        const uint32_t boff = (k / kSteps) * T::kQBlock + (k % kSteps) * 32;
+        const uint64_t da =
+            a_is_k ? bwd_tile_desc<T::kKRowBytes>(
+                         sA + (k / kKSteps) * T::kKBlock + 64 * c * T::kKRowBytes + (k % kKSteps) * 32, 16)
+                   : bwd_tile_desc<T::kRowBytes>(
+                         sA + (k / kSteps) * T::kKVBlock + 64 * c * T::kRowBytes + (k % kSteps) * 32, 16);
+        wgmma_ss<T::kBf16, kBM, 0>(acc, da, bwd_tile_desc<T::kRowBytes>(sB + boff, 16), k > 0);
       }
       wgmma_commit();
     };
     float st[kBM / 2], dpt[kBM / 2];
     wgmma_fence();
-    gemm_nt(st, sK, sQ);
-    gemm_nt(dpt, sV, sDO);
+    gemm_nt(st, sK, sQ, true);
+    gemm_nt(dpt, sV, sDO, false);
 
     // P^T while dP^T runs. Columns (queries) of n8 block i: q0 + 8i + 2t (+1).
     wgmma_wait<1>();
@@ -249,8 +298,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
     // 16-bit A fragments of P^T for k16 step j (queries 16j..16j+15): r = 0: n8 block 2j rows g;
     // 1: block 2j rows g+8; 2, 3: block 2j+1. dV += P^T dO is issued before dP^T is waited for, so
-    // that it runs under the dS^T arithmetic (B = dO MN-major: 16 query rows per k step = 2048
-    // bytes, column blocks kQHalf apart).
+    // that it runs under the dS^T arithmetic (B = dO MN-major: 16 query rows per k step = two
+    // atoms, column blocks kQBlock apart).
     auto fragment = [](const float (&acc)[kBM / 2], int j, int r) {
       const int idx = 4 * (2 * j + r / 2) + 2 * (r % 2);
       return pack2<T::kBf16>(acc[idx], acc[idx + 1]);
@@ -263,7 +312,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < kBM / 16; ++j)
-      wgmma_rs<T::kBf16, kD, 1>(acc_dv, pa[j], make_desc_sw128(sDO + j * 2048, T::kQHalf, 1024), 1);
+      wgmma_rs<T::kBf16, kD, 1>(acc_dv, pa[j], bwd_tile_desc<T::kRowBytes>(sDO + j * 2 * T::kAtomBytes, T::kQBlock), 1);
     wgmma_commit();
 
     wgmma_wait<1>();  // dP^T done (dV may still run)
@@ -284,32 +333,36 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < kBM / 16; ++j)
-      wgmma_rs<T::kBf16, kD, 1>(acc_dk, da[j], make_desc_sw128(sQ + j * 2048, T::kQHalf, 1024), 1);
+      wgmma_rs<T::kBf16, kD, 1>(acc_dk, da[j], bwd_tile_desc<T::kRowBytes>(sQ + j * 2 * T::kAtomBytes, T::kQBlock), 1);
     wgmma_commit();
 
     // dS (this consumer's 64 keys = key block c of the [query][key] tile) through stmatrix.trans:
     // matrix mi of k step j holds keys 16 warp + 8 (mi % 2) .. +7 x queries 16j + 8 (mi / 2) .. +7.
-    const uint32_t sDS = base + T::kDSOff + (it & 1) * 2 * T::kQHalf;
+    const uint32_t sDS = base + T::kDSOff + (it & 1) * 2 * T::kDSBlock;
     {
       const int mi = lane / 8, r = lane % 8;
       const int chunk = 2 * warp + (mi % 2);  // 16-byte chunk (8 keys) of the 128-byte row
 #pragma unroll
       for (int j = 0; j < kBM / 16; ++j) {
         const int q = 16 * j + 8 * (mi / 2) + r;
-        stmatrix_x4_trans(sDS + c * T::kQHalf + q * 128 + ((chunk ^ (q & 7)) << 4), da[j]);
+        stmatrix_x4_trans(sDS + c * T::kDSBlock + q * 128 + ((chunk ^ (q & 7)) << 4), da[j]);
       }
     }
     fence_proxy_async_smem();
-    float dq[kBM / 2];
+    float dq[T::kDQCols / 2];
     if constexpr (!T::kDQSplitKeys) {
       named_bar_sync<1, 256>();  // both key blocks of dS written
-      // dQ[:, 64c .. 64c+63] = dS K[:, 64c .. 64c+63]: A = dS (K-major over the 128 keys, key blocks
-      // kQHalf apart), B = K column block c (MN-major: 16 key rows per k step).
+      // dQ[:, n0 .. n0 + D/2 - 1] = dS K[:, n0 ..], n0 = c D/2: A = dS (K-major over the 128 keys, key
+      // blocks kDSBlock apart), B = K's column blocks from n0 on (MN-major: 16 key rows per k step, blocks
+      // kKBlock apart).
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kBN / 16; ++k)
-        wgmma_ss<T::kBf16, 64, 1>(dq, make_desc_sw128(sDS + (k / 4) * T::kQHalf + (k % 4) * 32, 16, 1024),
-                                  make_desc_sw128(sK + c * T::kKVHalf + k * 2048, T::kKVHalf, 1024), k > 0);
+        wgmma_ss<T::kBf16, T::kDQCols, 1>(
+            dq, make_desc_sw128(sDS + (k / 4) * T::kDSBlock + (k % 4) * 32, 16, 1024),
+            bwd_tile_desc<T::kKRowBytes>(sK + c * (T::kDQCols / T::kKColBlock) * T::kKBlock + k * 16 * T::kKRowBytes,
+                                         T::kKBlock),
+            k > 0);
     } else {
       if (c == 0) named_bar_sync<2, 128>();  // this consumer's key block of dS written
       else named_bar_sync<3, 128>();
@@ -318,8 +371,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        wgmma_ss<T::kBf16, 64, 1>(dq, make_desc_sw128(sDS + c * T::kQHalf + k * 32, 16, 1024),
-                                  make_desc_sw128(sK + (64 * c + 16 * k) * 128, T::kKVHalf, 1024), k > 0);
+        wgmma_ss<T::kBf16, 64, 1>(dq, make_desc_sw128(sDS + c * T::kDSBlock + k * 32, 16, 1024),
+                                  make_desc_sw128(sK + (64 * c + 16 * k) * 128, T::kKBlock, 1024), k > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -337,18 +390,24 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped).
     float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD +
-                  (T::kDQSplitKeys ? 0 : 64 * c);
+                  (T::kDQSplitKeys ? 0 : T::kDQCols * c);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = 16 * warp + g + 8 * h;
       if (q0 + row < p.seqlen_q) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) red_add_v2(gacc + row * kD + 8 * i + 2 * t, dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
+        for (int i = 0; i < T::kDQCols / 8; ++i) {
+          // D = 96: the n8 blocks at or past the head dimension hold zeros and are not added (one uniform
+          // compare per block; headdim 80: consumer 1 adds 4 of its 6).
+          if (T::kColBlock == 32 && T::kDQCols * c + 8 * i >= p.headdim) break;
+          red_add_v2(gacc + row * kD + 8 * i + 2 * t, dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
+        }
       }
     }
   }
 
-  // dK * scale and dV from registers (rows = keys key_lo, key_lo + 8; columns 8i + 2t).
+  // dK * scale and dV from registers (rows = keys key_lo, key_lo + 8; columns 8i + 2t, n8 blocks
+  // at or past the head dimension skipped).
   Elem* gdk = static_cast<Elem*>(p.dk) + int64_t(b) * p.dk_batch_stride + int64_t(hk) * p.dk_head_stride;
   Elem* gdv = static_cast<Elem*>(p.dv) + int64_t(b) * p.dv_batch_stride + int64_t(hk) * p.dv_head_stride;
 #pragma unroll
@@ -357,6 +416,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if (key < p.seqlen_k) {
 #pragma unroll
       for (int i = 0; i < kD / 8; ++i) {
+        if (8 * i >= p.headdim) break;
         const int col = 8 * i + 2 * t;
         *reinterpret_cast<uint32_t*>(gdk + int64_t(key) * p.dk_row_stride + col) =
             pack2<T::kBf16>(acc_dk[4 * i + 2 * h] * p.scale, acc_dk[4 * i + 2 * h + 1] * p.scale);

@@ -25,16 +25,16 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   if (p.deterministic || !sm80::bwd::bwd_params_ok<Aux>(p)) return cudaErrorInvalidValue;  // incl. headdim
   CUtensorMap tq, tk, tv, tdo;
   cudaError_t err = encode_bshd(&tq, T::kBf16, p.q, p.batch, p.seqlen_q, p.heads_q, p.headdim, p.q_batch_stride,
-                                p.q_row_stride, p.q_head_stride, T::kBlockM);
+                                p.q_row_stride, p.q_head_stride, T::kBlockM, T::kColBlock);
   if (err == cudaSuccess)
     err = encode_bshd(&tdo, T::kBf16, p.dout, p.batch, p.seqlen_q, p.heads_q, p.headdim, p.do_batch_stride,
-                      p.do_row_stride, p.do_head_stride, T::kBlockM);
+                      p.do_row_stride, p.do_head_stride, T::kBlockM, T::kColBlock);
   if (err == cudaSuccess)
     err = encode_bshd(&tk, T::kBf16, p.k, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.k_batch_stride,
-                      p.k_row_stride, p.k_head_stride, T::kBlockN);
+                      p.k_row_stride, p.k_head_stride, T::kBlockN, T::kKColBlock);
   if (err == cudaSuccess)
     err = encode_bshd(&tv, T::kBf16, p.v, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.v_batch_stride,
-                      p.v_row_stride, p.v_head_stride, T::kBlockN);
+                      p.v_row_stride, p.v_head_stride, T::kBlockN, T::kColBlock);
   if (err != cudaSuccess) return err;
 
   const sm80::bwd::BwdGrids g = sm80::bwd::bwd_grids<Aux>(p);

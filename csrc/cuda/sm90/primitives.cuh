@@ -244,6 +244,22 @@ __device__ __forceinline__ uint64_t make_desc_sw(uint32_t smem_addr, uint32_t lb
   return d;
 }
 
+// The same for rows of 32 bytes (16 elements, the 32B swizzle, swizzle field 3): one atom is 8 rows x 32
+// bytes (256 bytes; CUTLASS Layout_K_SW32_Atom / Layout_MN_SW32_Atom, Swizzle<1,4,3>: 16-byte chunk q of
+// row r at (q ^ (r / 4) % 2) * 16).
+//  K-major: SBO = 256 (next 8-row group), LBO unused (1); a 16-column block is exactly one k16 step.
+//  MN-major: SBO = 256 (next 8 K rows), LBO = byte distance between 16-element N blocks (so N is any
+//    multiple of 16 in canonical form); K by 16: start + 512 bytes.
+// Atoms start 256-byte aligned, base offset 0.
+__device__ __forceinline__ uint64_t make_desc_sw32(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
+  d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
+  d |= static_cast<uint64_t>(3) << 62;
+  return d;
+}
+
 // The descriptor of the matrix `bytes` (a multiple of 16) after desc's start. The start field is the low
 // 14 bits of address >> 4 and shared-memory addresses stay below 2^18, so the sum never carries out of
 // it, and the high word (SBO, swizzle) is unchanged: one 32-bit add where make_desc_sw128 of the moved

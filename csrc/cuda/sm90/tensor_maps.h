@@ -29,14 +29,15 @@ inline PFN_cuTensorMapEncodeTiled_v12000 get_encode_fn() {
 
 // A (B, S, H, D) tensor with element strides (batch, row, head), D contiguous,
 // as a 4-D tensor map (D, S, H, B) with box (box_cols, box_rows, 1, 1): 64 columns (128 bytes) in the
-// 128-byte swizzle, or 32 columns (64 bytes) in the 64-byte swizzle (a box row is one swizzle span).
+// 128-byte swizzle, 32 columns (64 bytes) in the 64-byte swizzle, or 16 columns (32 bytes) in the 32-byte
+// swizzle (a box row is one swizzle span).
 // dims[0] = headdim, the true head dimension: a load's columns >= headdim are zero-filled (a box that
 // starts at or past it arrives as all zeros, with its full byte count) and a store's are dropped.
 // A stride of 0 (a dimension of size 1) is replaced by a harmless 16-byte multiple.
 inline cudaError_t encode_bshd(CUtensorMap* map, bool bf16, const void* ptr, int64_t batch, int64_t seqlen,
                         int64_t heads, int64_t headdim, int64_t batch_stride, int64_t row_stride,
                         int64_t head_stride, int box_rows, int box_cols = 64) {
-  if (box_cols != 64 && box_cols != 32) return cudaErrorInvalidValue;
+  if (box_cols != 64 && box_cols != 32 && box_cols != 16) return cudaErrorInvalidValue;
   auto fn = get_encode_fn();
   if (fn == nullptr) return cudaErrorNotSupported;
   auto bytes = [&](int64_t s) -> cuuint64_t {
@@ -51,7 +52,10 @@ inline cudaError_t encode_bshd(CUtensorMap* map, bool bf16, const void* ptr, int
   const CUresult r =
       fn(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
          const_cast<void*>(ptr), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-         box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+         box_cols == 64   ? CU_TENSOR_MAP_SWIZZLE_128B
+         : box_cols == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
+                          : CU_TENSOR_MAP_SWIZZLE_32B,
+         CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }

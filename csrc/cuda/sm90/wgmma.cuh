@@ -1,5 +1,5 @@
 // wgmma.mma_async wrappers: one template per A source, wgmma_ss (A from shared memory) and
-// wgmma_rs (A from registers), on <element type, N, tnspB>; N = 64, 80, 96, 112, 128, 160, 176, 192, 224 or 256 (hand-checked
+// wgmma_rs (A from registers), on <element type, N, tnspB>; N = 48, 64, 80, 96, 112, 128, 160, 176, 192, 224 or 256 (hand-checked
 // against the PTX ISA: with 16-bit A/B, N is any multiple of 8 from 8 to 256).
 // D (f32 accumulators) is m64 x N, N/2 registers per thread: per warp w of the warpgroup rows
 // 16w..16w+15; for n8 block i a thread holds d[4i+0..3] = (r, c), (r, c+1), (r+8, c), (r+8, c+1)
@@ -35,6 +35,9 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define FLASHOP_WG_ACC_32 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FLASHOP_WG_ACC_24 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23"
 #define FLASHOP_WG_ACC_40 FLASHOP_WG_ACC_32 ", %32, %33, %34, %35, %36, %37, %38, %39"
 #define FLASHOP_WG_ACC_64 FLASHOP_WG_ACC_32 \
   ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
@@ -62,6 +65,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
       "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define FLASHOP_WG_D32(i) \
   FLASHOP_WG_D8(i), FLASHOP_WG_D8(i + 8), FLASHOP_WG_D8(i + 16), FLASHOP_WG_D8(i + 24)
+#define FLASHOP_WG_D_24 FLASHOP_WG_D8(0), FLASHOP_WG_D8(8), FLASHOP_WG_D8(16)
 #define FLASHOP_WG_D_32 FLASHOP_WG_D32(0)
 #define FLASHOP_WG_D_40 FLASHOP_WG_D32(0), FLASHOP_WG_D8(32)
 #define FLASHOP_WG_D_48 FLASHOP_WG_D32(0), FLASHOP_WG_D8(32), FLASHOP_WG_D8(40)
@@ -78,6 +82,13 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 // The inputs follow the outputs: operand k after the accumulators is %(R+k).
 //   SS: %R desc_a, %R+1 desc_b, %R+2 scale_d, %R+3 tnspB
 //   RS: %R..%R+3 a[0..3], %R+4 desc_b, %R+5 scale_d, %R+6 tnspB
+#define FLASHOP_WG_ARG24_0 "%24"
+#define FLASHOP_WG_ARG24_1 "%25"
+#define FLASHOP_WG_ARG24_2 "%26"
+#define FLASHOP_WG_ARG24_3 "%27"
+#define FLASHOP_WG_ARG24_4 "%28"
+#define FLASHOP_WG_ARG24_5 "%29"
+#define FLASHOP_WG_ARG24_6 "%30"
 #define FLASHOP_WG_ARG32_0 "%32"
 #define FLASHOP_WG_ARG32_1 "%33"
 #define FLASHOP_WG_ARG32_2 "%34"
@@ -174,11 +185,11 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
     else KIND(N, R, "f16.f16");                           \
   } while (0)
 
-// N widths with spelled operands (N/2 registers): 64 (32), 80 (40), 96 (48), 112 (56), 128 (64), 160 (80),
-// 176 (88), 192 (96), 224 (112), 256 (128). Another width needs its FLASHOP_WG_ACC_/D_/ARG entries and one
+// N widths with spelled operands (N/2 registers): 48 (24; the sm90 backward's d96 dQ), 64 (32), 80 (40),
+// 96 (48), 112 (56), 128 (64), 160 (80), 176 (88), 192 (96), 224 (112), 256 (128). Another width needs its FLASHOP_WG_ACC_/D_/ARG entries and one
 // line in each template below.
 template <int N>
-constexpr bool kWgmmaWidthSpelled = N == 64 || N == 80 || N == 96 || N == 112 || N == 128 || N == 160 ||
+constexpr bool kWgmmaWidthSpelled = N == 48 || N == 64 || N == 80 || N == 96 || N == 112 || N == 128 || N == 160 ||
                                     N == 176 || N == 192 || N == 224 || N == 256;
 
 // D[64xN] (+)= A[64x16] (smem, K-major, descriptor) * B[16xN] (smem, descriptor, tnspB)
@@ -187,7 +198,8 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
                                          int scale_d) {
   static_assert(kWgmmaWidthSpelled<N>, "wgmma N not spelled in wgmma.cuh");
 #ifdef FLASHOP_SM90_ENABLED
-  if constexpr (N == 64) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 64, 32);
+  if constexpr (N == 48) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 48, 24);
+  else if constexpr (N == 64) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 64, 32);
   else if constexpr (N == 80) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 80, 40);
   else if constexpr (N == 96) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 96, 48);
   else if constexpr (N == 112) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 112, 56);
@@ -206,7 +218,8 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
                                          uint64_t desc_b, int scale_d) {
   static_assert(kWgmmaWidthSpelled<N>, "wgmma N not spelled in wgmma.cuh");
 #ifdef FLASHOP_SM90_ENABLED
-  if constexpr (N == 64) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 64, 32);
+  if constexpr (N == 48) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 48, 24);
+  else if constexpr (N == 64) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 64, 32);
   else if constexpr (N == 80) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 80, 40);
   else if constexpr (N == 96) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 96, 48);
   else if constexpr (N == 112) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 112, 56);
@@ -223,6 +236,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 }  // namespace flashop
 
 // The spelling macros are not needed past this point (expanded in the templates above).
+#undef FLASHOP_WG_ACC_24
 #undef FLASHOP_WG_ACC_32
 #undef FLASHOP_WG_ACC_40
 #undef FLASHOP_WG_ACC_64
@@ -235,6 +249,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #undef FLASHOP_WG_ACC_128
 #undef FLASHOP_WG_D8
 #undef FLASHOP_WG_D32
+#undef FLASHOP_WG_D_24
 #undef FLASHOP_WG_D_32
 #undef FLASHOP_WG_D_40
 #undef FLASHOP_WG_D_48
@@ -245,6 +260,13 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #undef FLASHOP_WG_D_96
 #undef FLASHOP_WG_D_112
 #undef FLASHOP_WG_D_128
+#undef FLASHOP_WG_ARG24_0
+#undef FLASHOP_WG_ARG24_1
+#undef FLASHOP_WG_ARG24_2
+#undef FLASHOP_WG_ARG24_3
+#undef FLASHOP_WG_ARG24_4
+#undef FLASHOP_WG_ARG24_5
+#undef FLASHOP_WG_ARG24_6
 #undef FLASHOP_WG_ARG32_0
 #undef FLASHOP_WG_ARG32_1
 #undef FLASHOP_WG_ARG32_2
