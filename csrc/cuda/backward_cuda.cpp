@@ -44,7 +44,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, 
   check_kernel_fits(kOp, config, kernel.desc.dtype, kernel.desc.headdim, kernel.smem_bytes, 80, dt, dims.headdim,
                     dev, q.device());
   return run_backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dims, dev,
-                      kernel.desc.block_m, kernel.launch, kernel.name);
+                      kernel.desc.block_m, kernel.desc.headdim, kernel.launch, kernel.name);
 }
 
 std::vector<std::string> built_backward_configs() { return kernel_names(bwd_kernels(), num_bwd_kernels()); }

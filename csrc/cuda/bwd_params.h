@@ -33,7 +33,9 @@ struct BwdParams {
 
   // Workspaces (fp32/int32, contiguous, written by the kernels before use; no
   // memset needed). Rows of each (batch, q_head) padded to seqlen_q_rounded.
-  float* dq_accum;  // [B][Hq][seqlen_q_rounded][D]: sum over key tiles of dS K (unscaled)
+  // [B][Hq][seqlen_q_rounded][W], W the kernel's tile width (>= headdim; columns past headdim are
+  // padding): sum over key tiles of dS K (unscaled).
+  float* dq_accum;
   float* dsum;      // [B][Hq][seqlen_q_rounded]: D_i = rowsum(dO_i * O_i); 0 on padding rows
   float* lse_log2;  // [B][Hq][seqlen_q_rounded]: lse * log2(e); +inf where lse = -inf and on padding
   int* dq_semaphore;  // [B][Hq][num_m_blocks]: deterministic mode only (else may be null)
@@ -56,7 +58,8 @@ struct BwdParams {
   int heads_q;
   int heads_k;
   int head_ratio;  // heads_q / heads_k: kv_head = q_head / head_ratio (GQA/MQA)
-  int headdim;     // a multiple of 8, at most the kernel's tile width (Cfg::kHeadDim)
+  int headdim;     // the true head dimension: a multiple of 8, 8 <= headdim <= the kernel's tile width
+                   // (Cfg::kHeadDim); no kernel reads or writes a column at or past it
   int num_m_blocks;  // ceil(seqlen_q / B_r) of the launched config (semaphore row length)
   int sm_count;      // multiprocessors of the device (sizes the lpt block groups, bwd_config.h)
   int64_t l2_bytes;  // L2 cache of the device (caps the lpt block groups)
@@ -69,7 +72,8 @@ struct BwdParams {
   bool deterministic;
 };
 
-// Element counts of the workspaces for a problem and a config's B_r.
+// Element counts of the workspaces for a problem and a config's tile width (Cfg::kHeadDim, the
+// config name's d<W>: dq_accum rows are that wide, not the true head dimension) and B_r.
 struct BwdWorkspaceSizes {
   std::size_t dq_accum;      // floats
   std::size_t dsum;          // floats
@@ -79,13 +83,13 @@ struct BwdWorkspaceSizes {
   int num_m_blocks;
 };
 
-inline BwdWorkspaceSizes bwd_workspace_sizes(int batch, int heads_q, int seqlen_q, int headdim,
+inline BwdWorkspaceSizes bwd_workspace_sizes(int batch, int heads_q, int seqlen_q, int tile_width,
                                              int block_m, bool deterministic) {
   BwdWorkspaceSizes w{};
   w.seqlen_q_rounded = bwd_round_up(seqlen_q, kBwdSeqQPad);
   w.num_m_blocks = (seqlen_q + block_m - 1) / block_m;
   const std::size_t rows = std::size_t(batch) * heads_q * w.seqlen_q_rounded;
-  w.dq_accum = rows * headdim;
+  w.dq_accum = rows * tile_width;
   w.dsum = rows;
   w.lse_log2 = rows;
   w.dq_semaphore = deterministic ? std::size_t(batch) * heads_q * w.num_m_blocks : 0;

@@ -169,7 +169,8 @@ FwdParams make_fwd_params(const at::Tensor& q, const at::Tensor& k, const at::Te
 std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& softmax_lse, double softmax_scale, bool causal, bool deterministic,
-    const AttentionDims& dims, const Device& dev, int block_m, BwdLaunch launch, const char* kernel_name) {
+    const AttentionDims& dims, const Device& dev, int block_m, int tile_width, BwdLaunch launch,
+    const char* kernel_name) {
   const int64_t B = dims.batch, Sq = dims.seqlen_q, Sk = dims.seqlen_k;
   const int64_t Hq = dims.heads_q, Hk = dims.heads_k, D = dims.headdim;
   // Outputs: contiguous, like the inputs they are gradients of.
@@ -197,8 +198,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(
   const at::Tensor lse = (Sq <= 1 || softmax_lse.stride(2) == 1) ? softmax_lse : softmax_lse.contiguous();
 
   // Workspaces from the caching allocator; the preprocess kernel initialises them (no memset).
-  // dq_accum is B*Hq*round_up(Sq,128)*D floats.
-  const BwdWorkspaceSizes ws = bwd_workspace_sizes(int(B), int(Hq), int(Sq), int(D), block_m, deterministic);
+  // dq_accum is B*Hq*round_up(Sq,128)*W floats: the kernels index its rows with their tile width W
+  // (>= D, checked by check_kernel_fits), so that their dQ adds need no column predicate.
+  TORCH_CHECK(D <= tile_width, "flashop.backward (CUDA): head dimension ", to_string(D), " exceeds the kernel's tile "
+              "width ", to_string(tile_width));
+  const BwdWorkspaceSizes ws = bwd_workspace_sizes(int(B), int(Hq), int(Sq), tile_width, block_m, deterministic);
   const auto f32 = q_in.options().dtype(at::kFloat);
   at::Tensor dq_accum = at::empty({static_cast<int64_t>(ws.dq_accum)}, f32);
   at::Tensor dsum = at::empty({static_cast<int64_t>(ws.dsum)}, f32);

@@ -127,12 +127,13 @@ FwdParams make_fwd_params(const at::Tensor& q, const at::Tensor& k, const at::Te
 using BwdLaunch = cudaError_t (*)(const BwdParams&, cudaStream_t);
 
 // Gradients of validated inputs (check_forward_inputs / check_backward_inputs, check_cuda_inputs)
-// through `launch`, a kernel whose query tile is block_m rows: outputs, workspaces, BwdParams and the
-// launch on the current stream.
+// through `launch`, a kernel whose query tile is block_m rows and whose tile width (the config name's
+// d<W>, >= the true head dimension) is tile_width: outputs, workspaces, BwdParams and the launch on
+// the current stream.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& softmax_lse, double softmax_scale, bool causal, bool deterministic, const AttentionDims& dims,
-    const Device& dev, int block_m, BwdLaunch launch, const char* kernel_name);
+    const Device& dev, int block_m, int tile_width, BwdLaunch launch, const char* kernel_name);
 
 }  // namespace glue
 }  // namespace flashop

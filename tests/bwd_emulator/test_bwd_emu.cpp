@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,17 +25,22 @@ template <typename Elem> Elem from_f(float x);
 template <> __half from_f<__half>(float x) { return __float2half(x); }
 template <> __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 
-struct Problem { int B, Sq, Sk, Hq, Hk; bool causal; bool det; int head_pad; float scale_mul; };
+// hd: the true head dimension (0: the tile width D), a multiple of 8 <= D. Inputs are laid out
+// (B, S, H, hd + head_pad) with the head_pad columns NaN, outputs (B, S, H, hd + 8) with the last 8
+// columns a sentinel: a read past hd poisons the gradients, a write past it changes the sentinel, and
+// every cp.async source (zero fills included) is checked to lie inside a row's first hd columns.
+struct Problem { int B, Sq, Sk, Hq, Hk; bool causal; bool det; int head_pad; float scale_mul; int hd = 0; };
 
 template <class Cfg>
 bool run_case(const Problem& pr, unsigned seed, bool verbose = true) {
   using Elem = typename sm80::bwd::ElemOf<Cfg::kDType>::type;
-  constexpr int D = Cfg::kHeadDim;
+  constexpr int W = Cfg::kHeadDim;  // tile width
+  const int D = pr.hd > 0 ? pr.hd : W;  // true head dimension
   const int B = pr.B, Sq = pr.Sq, Sk = pr.Sk, Hq = pr.Hq, Hk = pr.Hk, ratio = Hq / Hk;
   const double scale = pr.scale_mul / std::sqrt(double(D));
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
-  // Layout (B, S, H, Dpad): head stride Dpad >= D (multiple of 8) to test strides.
+  // Layout (B, S, H, Dp): head stride Dp >= D (multiple of 8) to test strides.
   const int Dp = D + pr.head_pad;
   auto alloc = [&](int S, int H) { return std::vector<Elem>(size_t(B) * S * H * Dp + 64, from_f<Elem>(NAN)); };
   auto idx = [&](int S, int H, int b, int s, int h, int d) { return ((size_t(b) * S + s) * H + h) * Dp + d; };
@@ -82,9 +88,21 @@ bool run_case(const Problem& pr, unsigned seed, bool verbose = true) {
       rdk[((size_t(b) * Sk + j) * Hk + hk) * D + d] += ak * scale; rdv[((size_t(b) * Sk + j) * Hk + hk) * D + d] += av;
     }
   }
-  // kernel
-  std::vector<Elem> dq(size_t(B) * Sq * Hq * D, from_f<Elem>(NAN)), dk(size_t(B) * Sk * Hk * D, from_f<Elem>(NAN)), dv(size_t(B) * Sk * Hk * D, from_f<Elem>(NAN));
-  const BwdWorkspaceSizes ws = bwd_workspace_sizes(B, Hq, Sq, D, Cfg::kBlockM, pr.det);
+  // kernel; outputs (B, S, H, Do) with columns [D, Do) a sentinel nothing may overwrite
+  const int Do = D + 8;
+  uint16_t sentinel_bits = 0x7fa5;  // a NaN no computation produces
+  Elem sentinel;
+  std::memcpy(&sentinel, &sentinel_bits, 2);
+  // (+ W sentinel elements at the end: a full-width store to the last row lands there.)
+  auto out_alloc = [&](int S, int H) {
+    const size_t n = size_t(B) * S * H * Do;
+    std::vector<Elem> t(n + W, from_f<Elem>(NAN));
+    for (size_t i = 0; i < t.size(); ++i) if (i >= n || int(i % Do) >= D) t[i] = sentinel;
+    return t;
+  };
+  std::vector<Elem> dq = out_alloc(Sq, Hq), dk = out_alloc(Sk, Hk), dv = out_alloc(Sk, Hk);
+  // dq_accum rows are as wide as the tile (bwd_params.h).
+  const BwdWorkspaceSizes ws = bwd_workspace_sizes(B, Hq, Sq, W, Cfg::kBlockM, pr.det);
   std::vector<float> dq_accum(ws.dq_accum, NAN), dsum(ws.dsum, NAN), lse2(ws.lse_log2, NAN);
   std::vector<int> sem(ws.dq_semaphore + 1, 12345);
   BwdParams p{};
@@ -96,18 +114,51 @@ bool run_case(const Problem& pr, unsigned seed, bool verbose = true) {
   p.v_batch_stride = p.k_batch_stride; p.v_row_stride = p.k_row_stride; p.v_head_stride = Dp;
   p.o_batch_stride = p.q_batch_stride; p.o_row_stride = p.q_row_stride; p.o_head_stride = Dp;
   p.do_batch_stride = p.q_batch_stride; p.do_row_stride = p.q_row_stride; p.do_head_stride = Dp;
-  p.dq_batch_stride = int64_t(Sq) * Hq * D; p.dq_row_stride = int64_t(Hq) * D; p.dq_head_stride = D;
-  p.dk_batch_stride = int64_t(Sk) * Hk * D; p.dk_row_stride = int64_t(Hk) * D; p.dk_head_stride = D;
-  p.dv_batch_stride = p.dk_batch_stride; p.dv_row_stride = p.dk_row_stride; p.dv_head_stride = D;
+  p.dq_batch_stride = int64_t(Sq) * Hq * Do; p.dq_row_stride = int64_t(Hq) * Do; p.dq_head_stride = Do;
+  p.dk_batch_stride = int64_t(Sk) * Hk * Do; p.dk_row_stride = int64_t(Hk) * Do; p.dk_head_stride = Do;
+  p.dv_batch_stride = p.dk_batch_stride; p.dv_row_stride = p.dk_row_stride; p.dv_head_stride = Do;
   p.lse_batch_stride = int64_t(Hq) * Sq; p.lse_head_stride = Sq;
   p.batch = B; p.seqlen_q = Sq; p.seqlen_k = Sk; p.seqlen_q_rounded = ws.seqlen_q_rounded; p.heads_q = Hq; p.heads_k = Hk;
   p.head_ratio = ratio; p.headdim = D; p.num_m_blocks = ws.num_m_blocks;
   p.sm_count = 9;  // lpt: ceil(9 / key tiles) pairs per group, several groups, the last partial
   // ... and, deterministic, an L2 that holds 3 pairs' rows: groups of 3 (the L2 cap)
-  p.l2_bytes = pr.det ? 3 * int64_t(ws.seqlen_q_rounded) * D * ratio * 8 : int64_t(1) << 30;
+  p.l2_bytes = pr.det ? 3 * int64_t(ws.seqlen_q_rounded) * W * ratio * 8 : int64_t(1) << 30;
   p.scale = float(scale); p.scale_log2 = float(scale * 1.4426950408889634); p.causal = pr.causal; p.deterministic = pr.det;
-  if (!sm80::bwd::emulate_bwd<Cfg>(p)) { printf("params rejected\n"); return false; }
-  auto cmp = [&](const char* name, const std::vector<Elem>& got, const std::vector<double>& ref) {
+  // cp.async sources: inside q, k, v, dout (a row's first D columns) or the lse/D workspaces.
+  bool bad_read = false;
+  emu::state().check_global_read = [&](const void* src) {
+    auto in_rows = [&](const std::vector<Elem>& t, int S, int H) {
+      const Elem* e = static_cast<const Elem*>(src);
+      if (e < t.data() || e >= t.data() + size_t(B) * S * H * Dp) return false;
+      return int((e - t.data()) % Dp) + 8 <= D;
+    };
+    auto in_ws = [&](const std::vector<float>& t) {
+      const float* f = static_cast<const float*>(src);
+      return f >= t.data() && f + 4 <= t.data() + t.size();
+    };
+    if (!(in_rows(q, Sq, Hq) || in_rows(dout, Sq, Hq) || in_rows(k, Sk, Hk) || in_rows(v, Sk, Hk) || in_ws(lse2) ||
+          in_ws(dsum))) {
+      if (!bad_read) printf("  cp.async source outside the rows' first %d columns  <-- FAIL\n", D);
+      bad_read = true;
+    }
+  };
+  const bool accepted = sm80::bwd::emulate_bwd<Cfg>(p);
+  emu::state().check_global_read = nullptr;
+  if (!accepted) { printf("params rejected\n"); return false; }
+  // Compacted (B, S, H, D) views of the outputs; the sentinel columns must be intact.
+  bool bad_write = false;
+  auto compact = [&](const std::vector<Elem>& t) {
+    const size_t rows = (t.size() - W) / Do;
+    std::vector<Elem> c(rows * D);
+    for (size_t r = 0; r < rows; ++r) {
+      for (int d = 0; d < D; ++d) c[r * D + d] = t[r * Do + d];
+      for (int d = D; d < Do; ++d) bad_write |= std::memcmp(&t[r * Do + d], &sentinel, 2) != 0;
+    }
+    for (size_t i = rows * Do; i < t.size(); ++i) bad_write |= std::memcmp(&t[i], &sentinel, 2) != 0;
+    return c;
+  };
+  auto cmp = [&](const char* name, const std::vector<Elem>& got_padded, const std::vector<double>& ref) {
+    const std::vector<Elem> got = compact(got_padded);
     double maxerr = 0, maxref = 0; size_t worst = 0; bool nan = false;
     for (size_t i = 0; i < ref.size(); ++i) { const double gv = to_f(got[i]); if (!std::isfinite(gv)) { nan = true; worst = i; break; }
       const double e = std::fabs(gv - ref[i]); if (e > maxerr) { maxerr = e; worst = i; } maxref = std::max(maxref, std::fabs(ref[i])); }
@@ -118,7 +169,8 @@ bool run_case(const Problem& pr, unsigned seed, bool verbose = true) {
   };
   bool ok = true;
   ok &= cmp("dq", dq, rdq); ok &= cmp("dk", dk, rdk); ok &= cmp("dv", dv, rdv);
-  return ok;
+  if (bad_write) printf("  a store past the head dimension overwrote the sentinel  <-- FAIL\n");
+  return ok && !bad_read && !bad_write;
 }
 
 template <class Cfg>
@@ -138,6 +190,11 @@ bool run_suite(const char* name, bool quick) {
     cases.push_back({17, 40, 150, 2, 2, true, false, 0, 1.0f});
     cases.push_back({17, 40, 150, 4, 2, true, true, 0, 1.0f});
   }
+  // Head dimensions below the tile width (zero-filled columns, skipped stores): one 16-byte chunk
+  // short of it, one 64-column block short where there is one, and the smallest.
+  const int hd_short = Cfg::kHeadDim - 8, hd_far = Cfg::kHeadDim > 64 ? Cfg::kHeadDim - 56 : 8;
+  cases.push_back({1, 100, 77, 2, 1, false, false, 8, 1.0f, hd_short});
+  cases.push_back({2, 150, 60, 3, 1, true, true, 0, 1.3f, hd_far});
   if (quick) {
     cases = {
       {1, 1, 1, 1, 1, false, false, 0, 1.0f},
@@ -147,12 +204,15 @@ bool run_suite(const char* name, bool quick) {
       {1, 10, 300, 4, 1, true, false, 0, -0.7f},
       {1, 129, 129, 1, 1, true, true, 0, 1.0f},
       {3, 33, 65, 4, 2, false, false, 24, 2.0f},
+      {1, 3, 5, 2, 1, true, false, 16, 1.0f, 8},
+      {3, 33, 65, 4, 2, false, true, 8, 2.0f, hd_far},
+      {1, 129, 129, 1, 1, true, false, 0, 1.0f, hd_short},
     };
   }
   bool ok = true;
   unsigned seed = 1;
   for (const Problem& pr : cases) {
-    printf(" case B=%d Sq=%d Sk=%d Hq=%d Hk=%d causal=%d det=%d pad=%d\n", pr.B, pr.Sq, pr.Sk, pr.Hq, pr.Hk, pr.causal, pr.det, pr.head_pad);
+    printf(" case B=%d Sq=%d Sk=%d Hq=%d Hk=%d causal=%d det=%d pad=%d headdim=%d\n", pr.B, pr.Sq, pr.Sk, pr.Hq, pr.Hk, pr.causal, pr.det, pr.head_pad, pr.hd > 0 ? pr.hd : Cfg::kHeadDim);
     ok &= run_case<Cfg>(pr, seed++);
   }
   return ok;
@@ -166,7 +226,7 @@ int main(int argc, char** argv) {
   emu::state().opt.schedule = sched == "serial" ? emu::Schedule::kWarpSerial : sched == "reverse" ? emu::Schedule::kWarpReverse : sched == "random" ? emu::Schedule::kRandomWarps : emu::Schedule::kRoundRobin;
   bool ok = true;
   int suites = 0;
-  const bool edge = argc > 4 && std::string(argv[4]) == "edge";
+  const bool edge = argc > 5 && std::string(argv[5]) == "edge";  // argv[4]: "-"
 #define CASE(tag, ...) if (which == "all" || which == tag) { ok &= run_suite<BwdConfig<__VA_ARGS__>>(tag, edge); ++suites; }
   CASE("bf16.d64.br64.bc64.w4", DType::kBf16, 64, 64, 64, 4, 0)
   CASE("fp16.d32.br32.bc32.w2", DType::kFp16, 32, 32, 32, 2, 0)

@@ -80,6 +80,9 @@ struct Options {
 
 struct State {
   Options opt;
+  // Called with every cp.async source address, zero-fill copies included (the kernels clamp those
+  // to an address they may read): the test checks that it lies inside a row's true head dimension.
+  std::function<void(const void*)> check_global_read;
   Dim3 grid, block, block_idx;
   int nthreads = 0;
   std::size_t smem_bytes = 0;
@@ -270,6 +273,7 @@ inline void do_copy(const CpAsyncCopy& c) {
 inline void cp_async_16(uint32_t dst, const void* src, bool valid) {
   check_smem(dst, 16, 16);
   if (reinterpret_cast<uintptr_t>(src) % 16 != 0) fail("misaligned cp.async source");
+  if (state().check_global_read) state().check_global_read(src);
   const CpAsyncCopy c{dst, src, valid};
   if (state().opt.eager_cp_async)
     do_copy(c);

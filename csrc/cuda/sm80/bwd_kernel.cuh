@@ -41,6 +41,18 @@
 // the workspace), so their P is 0 and they contribute nothing: only keys need
 // an explicit tail mask.
 //
+// Head dimension: the kernels are compiled for a tile width D (Cfg::kHeadDim) and
+// take the true head dimension p.headdim (a multiple of 8, <= D) at run time.
+// Q, K, V, dO are loaded with the 16-byte chunks at or past p.headdim
+// zero-filled (no address past it is formed, tiles.cuh), so every product over
+// the D columns equals the product over the true ones and the columns past it
+// of dK, dV, dQ come out 0; the stores of dK, dV, dq skip those columns, the
+// preprocess reads only the true columns of O and dO. The dQ accumulator rows
+// stay D wide (bwd_workspace_sizes with the tile width): the adds into it keep
+// their compile-time offsets and no predicate, the columns past p.headdim just
+// receive zeros that the convert kernel never reads. With p.headdim == D the
+// extra work is one select per tile load and one compare per chunk stored.
+//
 // Deterministic mode: every key tile that visits query tile (head h, i) adds
 // its dQ contribution in key-tile order. Tile n waits until
 // dq_semaphore[b][h][i] == n, adds, then increments it. The key tiles that see
@@ -268,7 +280,8 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_preproce
   const int hq = block_y(), b = block_z();
 
   float sum = 0.f;
-  if (row < p.seqlen_q && c < G::kChunks) {
+  // Only the true head dimension's chunks (p.headdim <= D, so this also bounds c by kChunks).
+  if (row < p.seqlen_q && c * 8 < p.headdim) {
     const Elem* o = static_cast<const Elem*>(p.out) + b * p.o_batch_stride + int64_t(row) * p.o_row_stride +
                     hq * p.o_head_stride + c * 8;
     const Elem* d = static_cast<const Elem*>(p.dout) + b * p.do_batch_stride + int64_t(row) * p.do_row_stride +
@@ -295,7 +308,8 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_preproce
     p.lse_log2[row_base + row] = (l == -INFINITY) ? INFINITY : l * kLog2e;
   }
 
-  // Zero this block's rows of the dQ accumulator (the main kernel adds into it).
+  // Zero this block's rows of the dQ accumulator (the main kernel adds into it), all D columns: its
+  // rows are D wide whatever the true head dimension (columns past it receive adds of 0).
   float4* acc = reinterpret_cast<float4*>(p.dq_accum + (row_base + int64_t(block_x()) * G::kRowsPerBlock) * D);
   constexpr int kVecs = G::kRowsPerBlock * D / 4;
   const float4 z = {0.f, 0.f, 0.f, 0.f};
@@ -404,8 +418,8 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
   // K_j, V_j: once, for the whole walk.
   const Elem* gK = static_cast<const Elem*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
   const Elem* gV = static_cast<const Elem*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
-  load_tile_async<KVTile, T>(uK, gK, p.k_row_stride, key0, p.seqlen_k, tid);
-  load_tile_async<KVTile, T>(uV, gV, p.v_row_stride, key0, p.seqlen_k, tid);
+  load_tile_async<KVTile, T>(uK, gK, p.k_row_stride, key0, p.seqlen_k, p.headdim, tid);
+  load_tile_async<KVTile, T>(uV, gV, p.v_row_stride, key0, p.seqlen_k, p.headdim, tid);
   cp_async_commit();
 
   // Steps walk (query head of the group, query tile), tiles from the last one
@@ -435,9 +449,9 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
   auto load_step = [&](int hq, int m, int stage) {
     const int row0 = m * M;
     load_tile_async<QTile, T>(uQ + stage * QTile::kBytes, gQ0 + hq * p.q_head_stride, p.q_row_stride, row0,
-                              p.seqlen_q, tid);
+                              p.seqlen_q, p.headdim, tid);
     load_tile_async<QTile, T>(uDO + stage * QTile::kBytes, gDO0 + hq * p.do_head_stride, p.do_row_stride, row0,
-                              p.seqlen_q, tid);
+                              p.seqlen_q, p.headdim, tid);
     // The workspaces are padded to kBwdSeqQPad rows: the whole tile is in bounds.
     const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + row0;
     constexpr int kVecs = M / 4;
@@ -453,9 +467,9 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
   auto load_step_nobranch = [&](int hq, int m, int stage, bool enable) {
     const int row0 = m * M;
     load_tile_async<QTile, T>(uQ + stage * QTile::kBytes, gQ0 + hq * p.q_head_stride, p.q_row_stride, row0,
-                              p.seqlen_q, tid, enable);
+                              p.seqlen_q, p.headdim, tid, enable);
     load_tile_async<QTile, T>(uDO + stage * QTile::kBytes, gDO0 + hq * p.do_head_stride, p.do_row_stride, row0,
-                              p.seqlen_q, tid, enable);
+                              p.seqlen_q, p.headdim, tid, enable);
     const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + row0;
     constexpr int kVecs = M / 4;
     const bool is_lse = tid < kVecs;
@@ -780,12 +794,13 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
   barrier();
   Elem* gdK = static_cast<Elem*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride;
   Elem* gdV = static_cast<Elem*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride;
-  store_tile<KVTile, T>(uK, gdK, p.dk_row_stride, key0, p.seqlen_k, tid);
-  store_tile<KVTile, T>(uV, gdV, p.dv_row_stride, key0, p.seqlen_k, tid);
+  store_tile<KVTile, T>(uK, gdK, p.dk_row_stride, key0, p.seqlen_k, p.headdim, tid);
+  store_tile<KVTile, T>(uV, gdV, p.dv_row_stride, key0, p.seqlen_k, p.headdim, tid);
 }
 
 // ---------------------------------------------------------------------------
-// 3. dq = scale * dq_accum, in dtype. Grid (ceil(Sq * D/8 / 256), heads_q, batch).
+// 3. dq = scale * dq_accum, in dtype. Grid (ceil(Sq * D/8 / 256), heads_q, batch): one thread per
+// 16-byte chunk of a D-wide accumulator row; chunks past the true head dimension have nothing to do.
 template <class Cfg>
 FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_convert_dq_kernel(const BwdParams p) {
   using Elem = typename ElemOf<Cfg::kDType>::type;
@@ -794,7 +809,7 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_convert_
   const int idx = block_x() * kAuxThreads + thread_x();
   const int row = idx / kCPR, c = idx % kCPR;
   const int hq = block_y(), b = block_z();
-  if (row >= p.seqlen_q) return;
+  if (row >= p.seqlen_q || c * 8 >= p.headdim) return;
   const float4* src = reinterpret_cast<const float4*>(
       p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + row) * D + c * 8);
   const float4 x = src[0], y = src[1];
@@ -835,7 +850,7 @@ inline BwdGrids bwd_grids(const BwdParams& p) {
 // The arguments a kernel of this config can take (the glue checks too).
 template <class Cfg>
 inline bool bwd_params_ok(const BwdParams& p) {
-  return p.headdim == Cfg::kHeadDim && p.seqlen_q >= 1 && p.seqlen_k >= 1 && p.heads_k >= 1 &&
+  return p.headdim >= 8 && p.headdim <= Cfg::kHeadDim && p.headdim % 8 == 0 && p.seqlen_q >= 1 && p.seqlen_k >= 1 && p.heads_k >= 1 &&
          p.heads_q == p.heads_k * p.head_ratio &&
          p.seqlen_q_rounded == bwd_round_up(p.seqlen_q, kBwdSeqQPad) &&
          (!p.deterministic ||

@@ -249,41 +249,55 @@ namespace bwd {
 
 // ---------------------------------------------------------------------------
 // Global -> shared, asynchronously: rows [row0, row0 + Rows) of a sequence
-// whose row r starts at gbase + r * row_stride (elements). Rows at or past
-// row_end are zero-filled (their source address is clamped to row0, which
-// is always inside the sequence). Consecutive threads take consecutive
-// 16-byte chunks of a row: coalesced global reads, conflict-free writes.
-// Issues the copies only; the caller commits and waits. enable = false turns
-// every copy into a zero fill (no global read, no branch).
+// whose row r starts at gbase + r * row_stride (elements), columns [0, Cols)
+// of the tile from columns [0, col_end) of the rows (col_end: the true head
+// dimension, a multiple of 8, <= Cols). Rows at or past row_end and 16-byte
+// chunks at or past col_end are zero-filled (cp.async src-size 0) with their
+// source address clamped to column 0 of row0, which is always inside the
+// sequence: no address at or past col_end (or row_end) is formed. Consecutive
+// threads take consecutive 16-byte chunks of a row: coalesced global reads,
+// conflict-free writes. Issues the copies only; the caller commits and
+// waits. enable = false turns every copy into a zero fill (no global read, no
+// branch).
 template <class Tile, int kThreads, typename Elem>
 FLASHOP_SM80_DEV void load_tile_async(uint32_t sbase, const Elem* gbase, int64_t row_stride, int row0,
-                                     int row_end, int tid, bool enable = true) {
+                                     int row_end, int col_end, int tid, bool enable = true) {
   constexpr int kCPR = Tile::kChunksPerRow;
-  constexpr int kTotal = Tile::kRows * kCPR;
-  constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
   const Elem* first = gbase + int64_t(row0) * row_stride;
-  if constexpr (kThreads % kCPR == 0 && (kThreads / kCPR) % 8 == 0) {
-    // Every pass moves whole groups of 8 rows: a thread keeps its chunk and
-    // its swizzle, only the row advances.
-    constexpr int kRowsPerPass = kThreads / kCPR;
+  // Passes of whole groups of 8 rows: a thread keeps its chunk and its
+  // swizzle, only the row advances. Where the rows do not tile the threads
+  // (D = 96, 160, 192, 224 at 8 warps) the first kUsed threads (whole warps:
+  // kCPR is a multiple of 4) do the copies and the others idle, which keeps
+  // the column bound a per-thread select instead of a compare per copy.
+  constexpr int kRowsPerPass = kThreads / (8 * kCPR) * 8;
+  constexpr int kUsed = kRowsPerPass * kCPR;
+  if constexpr (kRowsPerPass >= 8) {
+    constexpr int kPasses = (Tile::kRows + kRowsPerPass - 1) / kRowsPerPass;
     const int r = tid / kCPR, chunk = tid % kCPR;
+    // A chunk past col_end is past it in every row: one select folds it into
+    // the row bound (no row is below row0).
+    const int row_lim = chunk * 8 < col_end ? row_end : row0;
     const uint32_t dst = sbase + Tile::offset(uint32_t(r), uint32_t(chunk));
     const Elem* src = first + int64_t(r) * row_stride + chunk * 8;
+    if (kUsed == kThreads || tid < kUsed) {
 #pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      if (kTotal % kThreads == 0 || i * kThreads + tid < kTotal) {
-        const bool valid = enable && row0 + r + i * kRowsPerPass < row_end;
-        cp_async_16(dst + uint32_t(i * kRowsPerPass) * Tile::kRowBytes,
-                    valid ? src + int64_t(i * kRowsPerPass) * row_stride : first, valid);
+      for (int i = 0; i < kPasses; ++i) {
+        if (Tile::kRows % kRowsPerPass == 0 || r + i * kRowsPerPass < Tile::kRows) {
+          const bool valid = enable && row0 + r + i * kRowsPerPass < row_lim;
+          cp_async_16(dst + uint32_t(i * kRowsPerPass) * Tile::kRowBytes,
+                      valid ? src + int64_t(i * kRowsPerPass) * row_stride : first, valid);
+        }
       }
     }
   } else {
+    constexpr int kTotal = Tile::kRows * kCPR;
+    constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
       const int idx = i * kThreads + tid;
       if (kTotal % kThreads == 0 || idx < kTotal) {
         const int row = idx / kCPR, chunk = idx % kCPR;
-        const bool valid = enable && row0 + row < row_end;
+        const bool valid = enable && row0 + row < row_end && chunk * 8 < col_end;
         const Elem* src = valid ? first + int64_t(row) * row_stride + chunk * 8 : first;
         cp_async_16(sbase + Tile::offset(uint32_t(row), uint32_t(chunk)), src, valid);
       }
@@ -292,11 +306,12 @@ FLASHOP_SM80_DEV void load_tile_async(uint32_t sbase, const Elem* gbase, int64_t
 }
 
 // Shared -> global, 16 bytes per access: rows [0, Rows) of the tile to rows
-// [row0, row0 + Rows) of the destination, skipping rows at or past row_end.
+// [row0, row0 + Rows) of the destination, skipping rows at or past row_end and
+// 16-byte chunks at or past col_end (the true head dimension, a multiple of 8).
 // The caller brackets it with barriers.
 template <class Tile, int kThreads, typename Elem>
 FLASHOP_SM80_DEV void store_tile(uint32_t sbase, Elem* gbase, int64_t row_stride, int row0, int row_end,
-                                int tid) {
+                                int col_end, int tid) {
   constexpr int kCPR = Tile::kChunksPerRow;
   constexpr int kTotal = Tile::kRows * kCPR;
   constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
@@ -305,7 +320,7 @@ FLASHOP_SM80_DEV void store_tile(uint32_t sbase, Elem* gbase, int64_t row_stride
     const int idx = i * kThreads + tid;
     if (kTotal % kThreads == 0 || idx < kTotal) {
       const int row = idx / kCPR, chunk = idx % kCPR;
-      if (row0 + row < row_end) {
+      if (row0 + row < row_end && chunk * 8 < col_end) {
         const uint4 v = lds_u128(sbase + Tile::offset(uint32_t(row), uint32_t(chunk)));
         *reinterpret_cast<uint4*>(gbase + int64_t(row0 + row) * row_stride + chunk * 8) = v;
       }

@@ -138,7 +138,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, 
   check_kernel_fits(kBwd, config, kernel.dtype, kernel.headdim, kernel.smem_bytes, 90, dt, dims.headdim, dev,
                     q.device());
   return run_backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dims, dev,
-                      kernel.block_m, kernel.launch, kernel.name);
+                      kernel.block_m, kernel.headdim, kernel.launch, kernel.name);
 }
 
 std::vector<std::string> built_backward_configs() {
