@@ -132,3 +132,80 @@ def test_sm90_backward_w96(name, headdim, shape, causal):
         assert torch.isfinite(ours_g).all(), f"{label}: NaN from a column at or past headdim {headdim}"
         assert_grad_close_to_reference(ours_g, ref_g, lowp_g, label)
 # ==================================================================== end of tile width 96
+
+
+# Widths 64 and 128 at head dimensions below them (multiples of 8): the kernel reads nothing at or past
+# headdim (TMA zero fill), writes nothing past it, and adds only zeros into its dQ accumulator's padding.
+# Called through flashop._C_sm90 directly, with O and lse of the float64 reference.
+_SHORT_HEADDIMS = {64: (8, 40, 56), 128: (8, 64, 72, 120)}
+_SHORT_SHAPES = [(2, 113, 257, 4, 4), (1, 257, 113, 8, 2), (1, 1, 1, 1, 1)]
+
+
+def _direct_grads(name, q, k, v, dout, causal):
+    """flashop._C_sm90.backward on O and lse of the float64 reference, softmax scale 1/sqrt(headdim)."""
+    out, lse = attention_reference(q, k, v, causal=causal)
+    return dispatch.hopper_module().backward(dout, q, k, v, out.to(q.dtype), lse, q.size(-1) ** -0.5, causal, False,
+                                             name)
+
+
+def check_direct(name, q, k, v, causal, dout):
+    ours = _direct_grads(name, q, k, v, dout, causal)
+    ref = _reference_grads(q, k, v, dout, causal, True)
+    lowp = _reference_grads(q, k, v, dout, causal, False)
+    for label, ours_g, ref_g, lowp_g, inp in zip(("dq", "dk", "dv"), ours, ref, lowp, (q, k, v)):
+        assert ours_g.shape == inp.shape and ours_g.dtype == inp.dtype
+        assert torch.isfinite(ours_g).all(), f"{label}: non-finite values (a read past the head dimension?)"
+        assert_grad_close_to_reference(ours_g, ref_g, lowp_g, label)
+
+
+def _short_cases():
+    for name in NAMES:
+        width = HopperBackwardConfig.parse(name).headdim
+        for d in _SHORT_HEADDIMS.get(width, ()):
+            yield name, d
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", _SHORT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name,headdim", list(_short_cases()), ids=lambda x: str(x))
+def test_sm90_backward_headdim_below_width(name, headdim, shape, causal):
+    dtype = _DTYPES[HopperBackwardConfig.parse(name).dtype]
+    q, k, v = make_qkv((*shape, headdim), dtype, "cuda")
+    check_direct(name, q, k, v, causal, torch.randn_like(q))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name,headdim", list(_short_cases()), ids=lambda x: str(x))
+def test_sm90_backward_headdim_below_width_poisoned(name, headdim, causal):
+    """q, k, v, out and dout are views [..., :headdim] of buffers wider than the tile whose other columns
+    are NaN: a read at or past headdim poisons the gradients."""
+    width = HopperBackwardConfig.parse(name).headdim
+    dtype = _DTYPES[HopperBackwardConfig.parse(name).dtype]
+    b, sq, sk, hq, hk = 2, 150, 200, 4, 2
+
+    def poisoned(s, h, values):
+        buf = torch.full((b, s, h, width + 8), float("nan"), dtype=dtype, device="cuda")
+        buf[..., :headdim] = values
+        return buf[..., :headdim]
+
+    q0, k0, v0 = make_qkv((b, sq, sk, hq, hk, headdim), dtype, "cuda")
+    dout0 = torch.randn_like(q0)
+    out0, lse = attention_reference(q0, k0, v0, causal=causal)
+    q, k, v = poisoned(sq, hq, q0), poisoned(sk, hk, k0), poisoned(sk, hk, v0)
+    out, dout = poisoned(sq, hq, out0.to(dtype)), poisoned(sq, hq, dout0)
+    ours = dispatch.hopper_module().backward(dout, q, k, v, out, lse, headdim ** -0.5, causal, False, name)
+    ref = _reference_grads(q0, k0, v0, dout0, causal, True)
+    lowp = _reference_grads(q0, k0, v0, dout0, causal, False)
+    for label, ours_g, ref_g, lowp_g in zip(("dq", "dk", "dv"), ours, ref, lowp):
+        assert torch.isfinite(ours_g).all(), f"{label}: NaN from a column at or past headdim {headdim}"
+        assert_grad_close_to_reference(ours_g, ref_g, lowp_g, label)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sm90_backward_refuses_headdims_it_cannot_take(name):
+    config = HopperBackwardConfig.parse(name)
+    dtype = _DTYPES[config.dtype]
+    for d, match in ((config.headdim + 8, "head dimensions up to"), (36, "multiples of 8")):
+        q, k, v = make_qkv((1, 64, 64, 2, 2, d), dtype, "cuda")
+        with pytest.raises(RuntimeError, match=match):
+            _direct_grads(name, q, k, v, torch.randn_like(q), False)

@@ -27,6 +27,13 @@
 // Shared memory (128B-swizzled tiles of 64 columns, as the TMA maps write them), D = 128 (64): K, V
 // 2 x 32 (16) KiB; Q, dO 2 stages x 16 (8) KiB each; dS 2 buffers x 16 KiB; lse/D 2 stages x 512 B:
 // 161 (97) KiB.
+// Head dimension: the kernel is compiled for a tile width kHeadDim (64, 96 or 128) and takes the true head
+// dimension p.headdim (a multiple of 8, <= kHeadDim) at run time. The TMA maps' dim 0 is p.headdim, so
+// the columns past it of the Q, dO, K, V tiles arrive as zeros (out-of-bounds fill; a column box
+// wholly past it is all zeros) and every product over kHeadDim equals the product over the true
+// columns; the dK/dV stores skip the columns past p.headdim. The dQ accumulator rows are kHeadDim
+// wide (bwd_params.h): dQ adds past p.headdim (D = 64, 128) add zeros to padding the convert kernel
+// never reads.
 // Not deterministic (dQ atomics): the glue routes deterministic=True to the mma.sync kernels.
 #pragma once
 
@@ -388,7 +395,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // Every read of this stage's Q, dO, lse, D is done: hand it back to the producer.
     if (lane == 0) mbar_arrive(bar_empty(s));
 
-    // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped).
+    // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped). Its rows are kD wide
+    // (bwd_params.h): the columns past the head dimension are padding and receive adds of 0 (K's
+    // columns there are 0). At D = 64 and 128 they are added unpredicated: a column test there spilled
+    // 16 bytes at d128 (168 registers, ptxas -v, sm_90a).
     float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD +
                   (T::kDQSplitKeys ? 0 : T::kDQCols * c);
 #pragma unroll
