@@ -122,7 +122,9 @@ inline constexpr std::size_t bwd_smem_bytes_for(int headdim, int block_n, int bl
 template <DType kDType_, int kHeadDim_, int kBlockN_, int kBlockM_, int kWarps_, unsigned kFlags_ = 0>
 struct BwdConfig {
   static constexpr DType kDType = kDType_;
-  static constexpr int kHeadDim = kHeadDim_;  // D: 32, 64, 96, 128, 192 or 256
+  // D: the tile width (32, 64, 96, 128, 160, 192, 224 or 256); the kernels take any head dimension
+  // up to it that is a multiple of 8 (BwdParams::headdim).
+  static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;    // B_c: key rows per thread block
   static constexpr int kBlockM = kBlockM_;    // B_r: query rows per loop step
   static constexpr int kWarps = kWarps_;
@@ -168,9 +170,9 @@ struct BwdConfig {
 
   static constexpr std::size_t kSmemBytes = bwd_smem_bytes_for(kHeadDim, kBlockN, kBlockM, kWarps, kFlags);
 
-  static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 ||
-                    kHeadDim == 192 || kHeadDim == 256,
-                "unsupported head dimension");
+  static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 160 ||
+                    kHeadDim == 192 || kHeadDim == 224 || kHeadDim == 256,
+                "unsupported tile width");
   static_assert(kWarps == 2 || kWarps == 4 || kWarps == 8, "warps: 2, 4 or 8");
   static_assert(kBlockM == 32 || kBlockM == 64 || kBlockM == 128,
                 "B_r: 32, 64 or 128 (must divide 128: the lse/D workspaces are padded to 128 rows)");
@@ -190,7 +192,7 @@ struct BwdConfig {
 // The same configuration as run-time values (registry entries).
 struct BwdConfigDesc {
   DType dtype;
-  int headdim;
+  int headdim;  // the tile width (the name's d<W>)
   int block_n;
   int block_m;
   int warps;

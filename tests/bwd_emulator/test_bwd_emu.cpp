@@ -256,6 +256,16 @@ int main(int argc, char** argv) {
   // The d256 row of the reordered staged path (four warps per key slice).
   CASE("bf16.d256.br64.bc64.w8.k32.dpe.dqe.pfs", DType::kBf16, 256, 64, 64, 8,
        kBwdFlagKeys32 | kBwdFlagDPEarly | kBwdFlagDQEarly | kBwdFlagPrefetchS)
+  // Tile widths 160 and 224 (32-column blocks, two warps per key slice, the copies on the first
+  // 160 / 224 threads): the listed rows.
+  CASE("bf16.d160.br64.bc64.w8.dpe.dqe.pfs.hreg", DType::kBf16, 160, 64, 64, 8,
+       kBwdFlagDPEarly | kBwdFlagDQEarly | kBwdFlagPrefetchS | kBwdFlagOwnHalfRegs)
+  CASE("fp16.d160.br64.bc64.w8", DType::kFp16, 160, 64, 64, 8, 0)
+  CASE("bf16.d160.br64.bc64.w8.q1", DType::kBf16, 160, 64, 64, 8, kBwdFlagSingleBuffer)
+  CASE("fp16.d224.br64.bc64.w8.dpe.dqe.pfs", DType::kFp16, 224, 64, 64, 8,
+       kBwdFlagDPEarly | kBwdFlagDQEarly | kBwdFlagPrefetchS)
+  CASE("bf16.d224.br64.bc64.w8.q1.dpe.dqe", DType::kBf16, 224, 64, 64, 8,
+       kBwdFlagSingleBuffer | kBwdFlagDPEarly | kBwdFlagDQEarly)
   if (suites == 0) {  // an unknown config name must not pass by testing nothing
     printf("no config named %s\n", which.c_str());
     return 2;
