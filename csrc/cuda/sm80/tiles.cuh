@@ -274,16 +274,16 @@ FLASHOP_SM80_DEV void load_tile_async(uint32_t sbase, const Elem* gbase, int64_t
   if constexpr (kRowsPerPass >= 8) {
     constexpr int kPasses = (Tile::kRows + kRowsPerPass - 1) / kRowsPerPass;
     const int r = tid / kCPR, chunk = tid % kCPR;
-    // A chunk past col_end is past it in every row: one select folds it into
-    // the row bound (no row is below row0).
-    const int row_lim = chunk * 8 < col_end ? row_end : row0;
+    // This thread's rows i * kRowsPerPass < rows_left are copied; a chunk past
+    // col_end is past it in every row: one select folds it in (no rows).
+    const int rows_left = (chunk * 8 < col_end ? row_end - row0 : 0) - r;
     const uint32_t dst = sbase + Tile::offset(uint32_t(r), uint32_t(chunk));
     const Elem* src = first + int64_t(r) * row_stride + chunk * 8;
     if (kUsed == kThreads || tid < kUsed) {
 #pragma unroll
       for (int i = 0; i < kPasses; ++i) {
         if (Tile::kRows % kRowsPerPass == 0 || r + i * kRowsPerPass < Tile::kRows) {
-          const bool valid = enable && row0 + r + i * kRowsPerPass < row_lim;
+          const bool valid = enable && i * kRowsPerPass < rows_left;
           cp_async_16(dst + uint32_t(i * kRowsPerPass) * Tile::kRowBytes,
                       valid ? src + int64_t(i * kRowsPerPass) * row_stride : first, valid);
         }
