@@ -435,14 +435,14 @@ _BACKWARD_SHAPES = [
     (128, 128, 64, 8),                # 145 KiB
     (128, 64, 64, 4),                 # 105 KiB
     # 137 KiB; the d64/d128 reordering at d160's only warp shape (16 keys per warp: with k32 the four warps
-    # of a key slice would hold 40 head dims each, not a multiple of 16); 242 (sm_90) / 218 (sm_80) registers
+    # of a key slice would hold 40 head dims each, not a multiple of 16); 232 (sm_90) / 220 (sm_80) registers
     (160, 64, 64, 8, "dpe", "dqe", "pfs", "hreg"),
     (160, 64, 64, 8, "dpe", "dqe", "pfs"),   # 137 KiB
     (160, 64, 64, 8),                 # 137 KiB (FlashAttention-2's d160 tiles)
     (160, 64, 64, 8, "q1"),           # 97 KiB (fits sm86/89)
     (192, 64, 64, 8, "k32"),          # 161 KiB
     (192, 64, 64, 8),                 # 161 KiB
-    # 185 KiB (sm90 only); 16 keys per warp as at d160 (k32 would give 56 head dims per warp); 253 (sm_90)
+    # 185 KiB (sm90 only); 16 keys per warp as at d160 (k32 would give 56 head dims per warp); 250 (sm_90)
     # registers, no spills; the plain row spills 16 B on sm_80
     (224, 64, 64, 8, "dpe", "dqe", "pfs"),
     (224, 64, 64, 8),                 # 185 KiB (sm90 only)
