@@ -392,7 +392,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       fence_regs_u32(pa[j]);
       fence_regs_u32(da[j]);
     }
-    // Every read of this stage's Q, dO, lse, D is done: hand it back to the producer.
+    // Every read of this stage's Q, dO, lse, D is done: hand it back to the producer. The warp barrier
+    // orders the other lanes' shared-memory reads of lse and D before lane 0's arrive (its release).
+    __syncwarp();
     if (lane == 0) mbar_arrive(bar_empty(s));
 
     // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped). Its rows are kD wide
