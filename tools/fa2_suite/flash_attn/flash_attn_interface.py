@@ -1,4 +1,4 @@
-"""The two names tests/test_flash_attn.py takes from flash_attn.flash_attn_interface."""
+"""The names tests/test_flash_attn.py takes from flash_attn.flash_attn_interface."""
 import pytest
 
 USE_TRITON_ROCM = False
@@ -7,3 +7,13 @@ USE_TRITON_ROCM = False
 def _get_block_size_n(device, head_dim, is_dropout, is_causal):
     # Only the dropout-mask decoding of the tests asks for it; flashop has no dropout yet.
     pytest.skip("flashop lacks: dropout (no dropout mask layout)")
+
+
+class _RawExtension:
+    """flash_attn_gpu, FlashAttention's own C++ extension: its tests of raw entry points are not about flashop."""
+
+    def __getattr__(self, name):
+        pytest.skip(f"flashop lacks: FlashAttention's raw C++ extension (flash_attn_gpu.{name})")
+
+
+flash_attn_gpu = _RawExtension()
