@@ -96,48 +96,10 @@ def _det_grads(q, k, v, dout):
     return torch.autograd.grad(out, (q, k, v), dout)
 
 
-# ==================================================================== tile width 96 (sm90.bwd.*.d96.*)
-# The 96-wide backward (32-column blocks in the 64-byte swizzle) at head dimensions up to its width, called
-# through flashop._C_sm90 directly on O and lse of the float64 reference. q, k, v, out and dout are views
-# [..., :headdim] of buffers wider than the tile whose other columns are NaN: a read at or past headdim
-# poisons the gradients. Below 96 this needs the run-time head dimension of the backward's preprocess and dQ
-# conversion kernels and the tile-width dq_accum rows (the sm80 backward's side of issue #31).
-_W96_NAMES = [n for n in NAMES if HopperBackwardConfig.parse(n).headdim == 96]
-_W96_HEADDIMS = (96, 88, 72, 40)
-# One element; ragged tails of both tiles; GQA 8:2 with Sq > Sk; MQA over several key tiles with a long walk.
-_W96_SHAPES = [(1, 1, 1, 1, 1), (2, 113, 257, 4, 4), (1, 257, 113, 8, 2), (2, 300, 300, 4, 1)]
-
-
-def _w96_poisoned(values, width):
-    buf = torch.full((*values.shape[:-1], width + 8), float("nan"), dtype=values.dtype, device=values.device)
-    buf[..., :values.size(-1)] = values
-    return buf[..., :values.size(-1)]
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", _W96_SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("headdim", _W96_HEADDIMS)
-@pytest.mark.parametrize("name", _W96_NAMES)
-def test_sm90_backward_w96(name, headdim, shape, causal):
-    dtype = _DTYPES[HopperBackwardConfig.parse(name).dtype]
-    q0, k0, v0 = make_qkv((*shape, headdim), dtype, "cuda")
-    dout0 = torch.randn_like(q0)
-    out0, lse = attention_reference(q0, k0, v0, causal=causal)
-    q, k, v, out, dout = (_w96_poisoned(t, 96) for t in (q0, k0, v0, out0.to(dtype), dout0))
-    ours = dispatch.hopper_module().backward(dout, q, k, v, out, lse, headdim ** -0.5, causal, False, name)
-    ref = _reference_grads(q0, k0, v0, dout0, causal, True)
-    lowp = _reference_grads(q0, k0, v0, dout0, causal, False)
-    for label, ours_g, ref_g, lowp_g, inp in zip(("dq", "dk", "dv"), ours, ref, lowp, (q0, k0, v0)):
-        assert ours_g.shape == inp.shape and ours_g.dtype == inp.dtype
-        assert torch.isfinite(ours_g).all(), f"{label}: NaN from a column at or past headdim {headdim}"
-        assert_grad_close_to_reference(ours_g, ref_g, lowp_g, label)
-# ==================================================================== end of tile width 96
-
-
-# Widths 64 and 128 at head dimensions below them (multiples of 8): the kernel reads nothing at or past
+# Each width at head dimensions below it (multiples of 8): the kernel reads nothing at or past
 # headdim (TMA zero fill), writes nothing past it, and adds only zeros into its dQ accumulator's padding.
 # Called through flashop._C_sm90 directly, with O and lse of the float64 reference.
-_SHORT_HEADDIMS = {64: (8, 40, 56), 128: (8, 64, 72, 120)}
+_SHORT_HEADDIMS = {64: (8, 40, 56), 96: (40, 72, 88), 128: (8, 64, 72, 120)}
 _SHORT_SHAPES = [(2, 113, 257, 4, 4), (1, 257, 113, 8, 2), (1, 1, 1, 1, 1)]
 
 
