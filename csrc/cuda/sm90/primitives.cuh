@@ -214,18 +214,23 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* flag) {
 //  MN-major (rows of 64 contiguous N elements, one row per K): SBO = 1024
 //    (next 8 K rows), LBO = byte distance between 64-element N blocks;
 //    stepping K by 16 adds 2048 bytes to start.
-__device__ __forceinline__ uint64_t make_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes,
-                                                    uint32_t sbo_bytes) {
+// kRowBytes: the swizzle's row (128, 64 or 32 bytes; swizzle field 1, 2 or 3), see below for 64 and 32.
+template <int kRowBytes>
+__device__ __forceinline__ uint64_t make_desc_sw(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  static_assert(kRowBytes == 128 || kRowBytes == 64 || kRowBytes == 32, "128B, 64B or 32B swizzle");
   uint64_t d = 0;
   d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
   d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
   d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
-  d |= static_cast<uint64_t>(1) << 62;
+  d |= static_cast<uint64_t>(kRowBytes == 128 ? 1 : kRowBytes == 64 ? 2 : 3) << 62;
   return d;
 }
 
-// The same for rows of kRowBytes: 128 (64 16-bit elements, the 128B swizzle above) or 64 (32 elements,
-// the 64B swizzle, swizzle field 2). With the 64B swizzle one atom is 8 rows x 64 bytes (512 bytes;
+__device__ __forceinline__ uint64_t make_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return make_desc_sw<128>(smem_addr, lbo_bytes, sbo_bytes);
+}
+
+// Rows of 64 bytes (32 elements, the 64B swizzle, swizzle field 2): with the 64B swizzle one atom is 8 rows x 64 bytes (512 bytes;
 // CUTLASS GMMA::Layout_K_SW64_Atom / Layout_MN_SW64_Atom, Swizzle<2,4,3>: 16-byte chunk q of row r at
 // (q ^ (r / 2) % 4) * 16):
 //  K-major: SBO = 512 (next 8-row group), LBO unused (1); K by 16 elements: start + 32 bytes (inside
@@ -233,16 +238,6 @@ __device__ __forceinline__ uint64_t make_desc_sw128(uint32_t smem_addr, uint32_t
 //  MN-major: SBO = 512 (next 8 K rows), LBO = byte distance between 32-element N blocks; K by 16:
 //    start + 1024 bytes.
 // In both the atoms start 512-byte aligned, so the base offset stays 0.
-template <int kRowBytes>
-__device__ __forceinline__ uint64_t make_desc_sw(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  static_assert(kRowBytes == 128 || kRowBytes == 64, "128B or 64B swizzle");
-  uint64_t d = 0;
-  d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
-  d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
-  d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
-  d |= static_cast<uint64_t>(kRowBytes == 128 ? 1 : 2) << 62;
-  return d;
-}
 
 // The same for rows of 32 bytes (16 elements, the 32B swizzle, swizzle field 3): one atom is 8 rows x 32
 // bytes (256 bytes; CUTLASS Layout_K_SW32_Atom / Layout_MN_SW32_Atom, Swizzle<1,4,3>: 16-byte chunk q of
@@ -252,12 +247,7 @@ __device__ __forceinline__ uint64_t make_desc_sw(uint32_t smem_addr, uint32_t lb
 //    multiple of 16 in canonical form); K by 16: start + 512 bytes.
 // Atoms start 256-byte aligned, base offset 0.
 __device__ __forceinline__ uint64_t make_desc_sw32(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  uint64_t d = 0;
-  d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
-  d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
-  d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
-  d |= static_cast<uint64_t>(3) << 62;
-  return d;
+  return make_desc_sw<32>(smem_addr, lbo_bytes, sbo_bytes);
 }
 
 // The descriptor of the matrix `bytes` (a multiple of 16) after desc's start. The start field is the low
