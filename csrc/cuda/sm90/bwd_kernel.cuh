@@ -35,6 +35,7 @@
 // wide (bwd_params.h): dQ adds past p.headdim (D = 64, 128) add zeros to padding the convert kernel
 // never reads.
 // Not deterministic (dQ atomics): the glue routes deterministic=True to the mma.sync kernels.
+// Tile widths 160 .. 256: bwd_kernel_sm90_wide below (64 keys per CTA, the consumers split the columns).
 #pragma once
 
 #include <cuda.h>
@@ -475,7 +476,7 @@ struct Sm90BwdWideTraits {
   static constexpr int kDBlocks = kHeadDim / kColBlock;
   static constexpr int kHalfBlocks = kHalf / kColBlock;
   static constexpr int kKColBlock = kColBlock;  // the launcher's K map (K and V alike here)
-  static constexpr int kBlockN = 64;             // keys per CTA
+  static constexpr int kBlockN = 64;  // keys per CTA: at 128, dV + dK would be D (160-256) fp32 registers per thread
   static constexpr int kBlockM = 64;             // queries per step (32 per consumer in S^T, dP^T)
   static constexpr int kStages = 2;
   static constexpr int kThreads = 384;
