@@ -700,17 +700,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     store_t(sDS, fr);
     fence_proxy_async_smem();
     named_bar_sync<1, 256>();  // both consumers' queries of dS written
-    // dK[:, half c] += dS^T Q[:, half c] (as dV), then dQ[:, half c] = dS K[:, half c]: A = dS K-major
-    // over the 64 keys (one 128-byte row span: four k16 steps of 32 bytes), B = K's column blocks of
-    // half c (MN-major: 16 key rows per k step, blocks kKVBlock apart).
+    // dQ[:, half c] = dS K[:, half c], then dK[:, half c] += dS^T Q[:, half c] (as dV), two commit groups so
+    // that the dQ atomics issue while dK runs. dQ: A = dS K-major over the 64 keys (one 128-byte row span:
+    // four k16 steps of 32 bytes), B = K's column blocks of half c (MN-major: 16 key rows per k step,
+    // blocks kKVBlock apart).
     float dq[kH / 2];
     wgmma_fence();
-#pragma unroll
-    for (int j = 0; j < kBM / 16; ++j)
-      wgmma_ss<T::kBf16, kH, 1, 1>(acc_dk, make_desc_sw128(sDS + j * 2048, T::kPBlock, 1024),
-                                   bwd_tile_desc<T::kRowBytes>(sQ + col_c * T::kQBlock + j * 2 * T::kAtomBytes,
-                                                               T::kQBlock),
-                                   1);
 #pragma unroll
     for (int k = 0; k < kBN / 16; ++k)
       wgmma_ss<T::kBf16, kH, 1>(dq, make_desc_sw128(sDS + k * 32, 16, 1024),
@@ -718,14 +713,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                                             T::kKVBlock),
                                 k > 0);
     wgmma_commit();
-    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < kBM / 16; ++j)
+      wgmma_ss<T::kBf16, kH, 1, 1>(acc_dk, make_desc_sw128(sDS + j * 2048, T::kPBlock, 1024),
+                                   bwd_tile_desc<T::kRowBytes>(sQ + col_c * T::kQBlock + j * 2 * T::kAtomBytes,
+                                                               T::kQBlock),
+                                   1);
+    wgmma_commit();
+    wgmma_wait<1>();  // dV and dQ done (dK may still run)
     fence_regs(dq);
-    fence_regs(acc_dv);
-    fence_regs(acc_dk);
-    // Every read of this stage's Q, dO, lse, D is done: hand it back to the producer. The warp barrier
-    // orders the other lanes' shared-memory reads of lse and D before lane 0's arrive (its release).
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_empty(s));
 
     // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped; the n8 blocks at or past
     // the head dimension hold zeros and are not added: one uniform compare per block).
@@ -741,6 +737,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
     }
+
+    wgmma_wait<0>();
+    fence_regs(acc_dv);
+    fence_regs(acc_dk);
+    // Every read of this stage's Q, dO, lse, D is done: hand it back to the producer. The warp barrier
+    // orders the other lanes' shared-memory reads of lse and D before lane 0's arrive (its release).
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_empty(s));
   }
 
   // dK * scale and dV from registers (rows = keys key_lo, key_lo + 8; columns kH c + 8i + 2t, n8 blocks
