@@ -679,14 +679,19 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
 #
-# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128. FlashAttention-2's backward on wgmma + TMA: one producer and
-# two consumer warpgroups per key tile of 128 rows (csrc/cuda/sm90/bwd_kernel.cuh). Not
+# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128 and sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64.
+# FlashAttention-2's backward on wgmma + TMA: one producer and two consumer warpgroups per key tile of 128 rows
+# (csrc/cuda/sm90/bwd_kernel.cuh), of 64 rows at the wide widths (Sm90BwdWideTraits: the consumers split
+# dK, dV and dQ by columns, whose accumulators at 128 keys would not fit 240 registers). Not
 # deterministic (dQ atomics): deterministic=True runs an mma.sync backward config instead.
 #
 # Tile widths of the Hopper backward kernel (csrc/cuda/sm90/bwd_kernel.cuh Sm90BwdTraits): 64-column blocks
 # in the 128-byte swizzle at 64 and 128; at 96 32-column blocks in the 64-byte swizzle (K: 16-column blocks
 # in the 32-byte swizzle).
 HOPPER_BACKWARD_WIDTHS = (64, 96, 128)
+# Sm90BwdWideTraits: B_c = 64; column blocks of 64 (128B swizzle) at 256, 32 (64B) at 192, 16 (32B) at
+# 160 and 224, so that each consumer's half of D is whole blocks.
+HOPPER_BACKWARD_WIDE_WIDTHS = (160, 192, 224, 256)
 
 
 @dataclass(frozen=True)
@@ -699,9 +704,17 @@ class HopperBackwardConfig:
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"HopperBackwardConfig: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.headdim not in HOPPER_BACKWARD_WIDTHS or (self.block_n, self.block_m) != (128, 64):
+        narrow = self.headdim in HOPPER_BACKWARD_WIDTHS and (self.block_n, self.block_m) == (128, 64)
+        wide = self.headdim in HOPPER_BACKWARD_WIDE_WIDTHS and (self.block_n, self.block_m) == (64, 64)
+        if not (narrow or wide):
             raise ValueError(f"HopperBackwardConfig {self.name!r}: the kernel takes D = "
-                             f"{', '.join(map(str, HOPPER_BACKWARD_WIDTHS))}, B_c = 128, B_r = 64")
+                             f"{', '.join(map(str, HOPPER_BACKWARD_WIDTHS))} with B_c = 128, B_r = 64, or D = "
+                             f"{', '.join(map(str, HOPPER_BACKWARD_WIDE_WIDTHS))} with B_c = 64, B_r = 64")
+
+    @property
+    def wide(self) -> bool:
+        """Sm90BwdWideTraits (bwd_kernel_sm90_wide) rather than Sm90BwdTraits."""
+        return self.headdim in HOPPER_BACKWARD_WIDE_WIDTHS
 
     @property
     def name(self) -> str:
@@ -713,9 +726,11 @@ class HopperBackwardConfig:
     def smem_bytes(self) -> int:
         """Sm90BwdTraits::kSmemBytes: K and V tiles, 2 stages of Q and dO, 2 dS buffers (B_r x B_c), 2 stages
         of lse and D (B_r floats each), 5 mbarriers and 1024 bytes of alignment slack. The column blocks
-        (64 or 32 columns) tile D exactly, with no padding."""
+        (64, 32 or 16 columns) tile D exactly, with no padding. Sm90BwdWideTraits::kSmemBytes: the same
+        with 2 buffers each of P and dS."""
         d, n, m = self.headdim, self.block_n, self.block_m
-        return ELEMENT_BYTES * (2 * n * d + 2 * 2 * m * d + 2 * m * n) + 2 * 2 * m * 4 + 8 * 5 + 1024
+        score_buffers = 4 if self.wide else 2
+        return ELEMENT_BYTES * (2 * n * d + 2 * 2 * m * d + score_buffers * m * n) + 2 * 2 * m * 4 + 8 * 5 + 1024
 
     @classmethod
     def parse(cls, name: str) -> "HopperBackwardConfig":
@@ -731,7 +746,8 @@ class HopperBackwardConfig:
         return config
 
 
-HOPPER_BACKWARD_CONFIGS = tuple(HopperBackwardConfig(dtype, d) for d in (128, 64, 96) for dtype in ("bf16", "fp16"))
+HOPPER_BACKWARD_CONFIGS = tuple(HopperBackwardConfig(dtype, d) for d in (128, 64, 96) for dtype in ("bf16", "fp16")) + tuple(
+    HopperBackwardConfig(dtype, d, block_n=64) for d in (192, 256, 160, 224) for dtype in ("bf16", "fp16"))
 
 
 # ---------------------------------------------------------------- selecting what to build

@@ -99,7 +99,10 @@ def _det_grads(q, k, v, dout):
 # Each width at head dimensions below it (multiples of 8): the kernel reads nothing at or past
 # headdim (TMA zero fill), writes nothing past it, and adds only zeros into its dQ accumulator's padding.
 # Called through flashop._C_sm90 directly, with O and lse of the float64 reference.
-_SHORT_HEADDIMS = {64: (8, 40, 56), 96: (40, 72, 88), 128: (8, 64, 72, 120)}
+# Wide widths (B_c = 64, each consumer owns half of D): headdims inside the first half (the second consumer
+# stores and adds nothing), just past it, and inside the second half.
+_SHORT_HEADDIMS = {64: (8, 40, 56), 96: (40, 72, 88), 128: (8, 64, 72, 120), 160: (72, 88, 152),
+                   192: (8, 88, 136, 184), 224: (104, 120, 216), 256: (8, 136, 200, 248)}
 _SHORT_SHAPES = [(2, 113, 257, 4, 4), (1, 257, 113, 8, 2), (1, 1, 1, 1, 1)]
 
 

@@ -382,3 +382,167 @@ def test_bwd_ds_stmatrix():
                     a = bwd_ds_store(t, s_ds, c, warp, lane, j)
                     for e in range(8):
                         assert a + 2 * e == ds_byte(t, s_ds, q, key0 + e)
+
+
+# ---------------------------------------------------------------- the wide backward (bwd_kernel_sm90_wide)
+#
+# Sm90BwdWideTraits: B_c = 64 keys per CTA, B_r = 64 queries per step; Q, dO, K, V in column blocks of
+# 64 (128B swizzle, D = 256), 32 (64B, D = 192) or 16 (32B, D = 160, 224) columns, so that each consumer's
+# half of D (its dK, dV, dQ columns) is whole blocks. Consumer c computes S^T, dP^T for all 64 keys x queries
+# 32c .. 32c + 31 (m64n32), stores P and dS as [query][key] (one 64-key block of 128-byte rows, 128B
+# swizzle) through stmatrix.trans; dV, dK read them MN-major (tnspA), dQ reads dS K-major. Mirrored:
+# gemm_nt, store_t, the dV / dK / dQ wgmma_ss descriptors.
+
+WIDE_WIDTHS = (160, 192, 224, 256)
+WIDE_N = 64
+# A 1024-aligned base low enough that the 226 KiB of D = 256 stay below 2^18 (the descriptor's 14-bit
+# start field, address >> 4), as shared-memory addresses do.
+WIDE_BASE = 1024
+
+
+def wide_traits(width):
+    """Sm90BwdWideTraits' layout constants and offsets (bytes from the 1024-aligned base)."""
+    half = width // 2
+    col_block = 64 if half % 64 == 0 else 32 if half % 32 == 0 else 16
+    row_bytes = 2 * col_block
+    t = dict(col_block=col_block, row_bytes=row_bytes, atom=8 * row_bytes, blocks=width // col_block,
+             half=half, half_blocks=half // col_block, q_block=BWD_M * row_bytes, kv_block=WIDE_N * row_bytes,
+             p_block=BWD_M * WIDE_N * 2)
+    t["kv_tile"], t["q_tile"] = t["blocks"] * t["kv_block"], t["blocks"] * t["q_block"]
+    t["k"] = 0
+    t["v"] = t["k"] + t["kv_tile"]
+    t["q"] = t["v"] + t["kv_tile"]
+    t["do"] = t["q"] + 2 * t["q_tile"]
+    t["p"] = t["do"] + 2 * t["q_tile"]  # buffer u at + u * p_block
+    t["ds"] = t["p"] + 2 * t["p_block"]
+    t["lse"] = t["ds"] + 2 * t["p_block"]
+    t["dsum"] = t["lse"] + 2 * BWD_M * 4
+    t["bar"] = t["dsum"] + 2 * BWD_M * 4
+    t["smem"] = t["bar"] + 8 * 5 + 1024
+    return t
+
+
+def wide_nt_descs(t, width, s_a, s_b, c):
+    """gemm_nt: (desc_a, desc_b) of each k16 step; A = all 64 rows of K or V, B = rows 32c .. of Q or dO."""
+    steps = t["col_block"] // 16
+    out = []
+    for k in range(width // 16):
+        koff = (k % steps) * 32
+        out.append((bwd_tile_desc(t["row_bytes"], s_a + (k // steps) * t["kv_block"] + koff, 16),
+                    bwd_tile_desc(t["row_bytes"], s_b + (k // steps) * t["q_block"] + 32 * c * t["row_bytes"] + koff,
+                                  16)))
+    return out
+
+
+def wide_store(s_buf, c, warp, lane, j):
+    """store_t: the row address lane gives the stmatrix.x4.trans of k step j."""
+    mi, r = lane // 8, lane % 8
+    chunk = 2 * warp + mi % 2
+    q = 32 * c + 16 * j + 8 * (mi // 2) + r
+    return s_buf + q * 128 + ((chunk ^ (q & 7)) << 4)
+
+
+def wide_score_byte(s_buf, q, key):
+    """Element (query q, key) of a [query][key] P or dS buffer: 128-byte rows in the 128B swizzle."""
+    return tma_byte(s_buf, 128, q, key)
+
+
+def wide_dkv_descs(t, s_score, s_b, c, j):
+    """dV += P^T dO[:, half c] (dK += dS^T Q[:, half c]), k16 step j: (desc_a MN-major, desc_b MN-major)."""
+    return (make_desc_sw(128, s_score + j * 2048, t["p_block"], 1024),
+            bwd_tile_desc(t["row_bytes"], s_b + c * t["half_blocks"] * t["q_block"] + j * 2 * t["atom"], t["q_block"]))
+
+
+def wide_dq_descs(t, s_ds, s_k, c):
+    """dQ[:, half c] = dS K[:, half c]: (desc_a K-major, desc_b MN-major) of each k16 step over the 64 keys."""
+    return [(make_desc_sw(128, s_ds + k * 32, 16, 1024),
+             bwd_tile_desc(t["row_bytes"], s_k + c * t["half_blocks"] * t["kv_block"] + k * 16 * t["row_bytes"],
+                           t["kv_block"]))
+            for k in range(WIDE_N // 16)]
+
+
+@pytest.mark.parametrize("width", WIDE_WIDTHS)
+def test_wide_layout(width):
+    t = wide_traits(width)
+    assert t["blocks"] * t["col_block"] == width and t["half_blocks"] * t["col_block"] == t["half"]
+    assert t["half"] % 16 == 0
+    for off in ("v", "q", "do"):
+        assert t[off] % t["atom"] == 0
+    assert t["p"] % 1024 == 0 and t["ds"] % 1024 == 0
+    cfg = _configs().HopperBackwardConfig("bf16", width, block_n=64)
+    assert cfg.wide and t["smem"] == cfg.smem_bytes() <= 227 * 1024
+    names = [c.name for c in _configs().HOPPER_BACKWARD_CONFIGS]
+    assert f"sm90.bwd.fp16.d{width}.br64.bc64" in names and f"sm90.bwd.bf16.d{width}.br64.bc64" in names
+
+
+@pytest.mark.parametrize("width", WIDE_WIDTHS)
+def test_wide_st_dpt_operands(width):
+    """S^T = K Q_c^T, dP^T = V dO_c^T: A element (key i, column) of K (V), B element (query 32c + n, column) of
+    Q (dO), as the TMA loads placed them."""
+    t = wide_traits(width)
+    s_q = WIDE_BASE + t["q"] + t["q_tile"]  # stage 1
+    for s_a in (WIDE_BASE + t["k"], WIDE_BASE + t["v"]):
+        for c in (0, 1):
+            for k, (da, db) in enumerate(wide_nt_descs(t, width, s_a, s_q, c)):
+                for kk in range(16):
+                    col = 16 * k + kk
+                    if c == 0:
+                        for i in range(64):
+                            assert wgmma_k_major(da, i, kk) == tile_byte(t, s_a, WIDE_N, i, col)
+                    for n in range(32):
+                        assert wgmma_k_major(db, n, kk) == tile_byte(t, s_q, BWD_M, 32 * c + n, col)
+
+
+def test_wide_score_stmatrix():
+    """stmatrix.x4.trans of P^T / dS^T fragments: row r of matrix mi (k step j) is query 32c + 16j + 8(mi / 2) + r,
+    keys 16 warp + 8 (mi % 2) .. + 7, 16 contiguous bytes where wide_score_byte puts them; the two consumers
+    write disjoint rows."""
+    s = WIDE_BASE + 8192
+    seen = set()
+    for c in (0, 1):
+        for warp in range(4):
+            for j in range(2):
+                for lane in range(32):
+                    mi, r = lane // 8, lane % 8
+                    q, key0 = 32 * c + 16 * j + 8 * (mi // 2) + r, 16 * warp + 8 * (mi % 2)
+                    a = wide_store(s, c, warp, lane, j)
+                    for e in range(8):
+                        assert a + 2 * e == wide_score_byte(s, q, key0 + e)
+                    assert a not in seen
+                    seen.add(a)
+    assert len(seen) == 64 * 64 * 2 // 16  # the whole buffer, once
+
+
+@pytest.mark.parametrize("width", WIDE_WIDTHS)
+def test_wide_dv_dk_operands(width):
+    """dV[:, half c] += P^T dO[:, half c]: A element (key m, query 16j + kk) of the P buffer (MN-major), B element
+    (column half c + n, query 16j + kk) of the dO stage (MN-major)."""
+    t = wide_traits(width)
+    s_p, s_do = WIDE_BASE + t["p"] + t["p_block"], WIDE_BASE + t["do"] + t["q_tile"]
+    for c in (0, 1):
+        for j in range(BWD_M // 16):
+            da, db = wide_dkv_descs(t, s_p, s_do, c, j)
+            for kk in range(16):
+                q = 16 * j + kk
+                if c == 0:
+                    for m in range(WIDE_N):
+                        assert wgmma_mn_major(da, m, kk) == wide_score_byte(s_p, q, m)
+                for n in range(t["half"]):
+                    assert wgmma_mn_major(db, n, kk) == tile_byte(t, s_do, BWD_M, q, t["half"] * c + n)
+
+
+@pytest.mark.parametrize("width", WIDE_WIDTHS)
+def test_wide_dq_operands(width):
+    """dQ[:, half c] = dS K[:, half c]: A element (query i, key) of the dS buffer (K-major), B element (column
+    half c + n, key) of K (MN-major)."""
+    t = wide_traits(width)
+    s_ds, s_k = WIDE_BASE + t["ds"] + t["p_block"], WIDE_BASE + t["k"]
+    for c in (0, 1):
+        for k, (da, db) in enumerate(wide_dq_descs(t, s_ds, s_k, c)):
+            for kk in range(16):
+                key = 16 * k + kk
+                if c == 0:
+                    for i in range(BWD_M):
+                        assert wgmma_k_major(da, i, kk) == wide_score_byte(s_ds, i, key)
+                for n in range(t["half"]):
+                    assert wgmma_mn_major(db, n, kk) == tile_byte(t, s_k, WIDE_N, key, t["half"] * c + n)

@@ -150,8 +150,10 @@ def _sm90_fwd_entry(cfg) -> str:
 # ---------------------------------------------------------------- Hopper backward (flashop._C_sm90)
 
 def _sm90_bwd_type(cfg) -> str:
-    """Sm90BwdTraits<kBf16, D> (csrc/cuda/sm90/bwd_kernel.cuh; B_c = 128, B_r = 64 fixed)."""
-    return f"::flashop::sm90::Sm90BwdTraits<{_BOOL[cfg.dtype == 'bf16']}, {cfg.headdim}>"
+    """Sm90BwdTraits<kBf16, D> (csrc/cuda/sm90/bwd_kernel.cuh; B_c = 128, B_r = 64 fixed), at the wide widths
+    Sm90BwdWideTraits<kBf16, D> (B_c = 64, B_r = 64)."""
+    traits = "Sm90BwdWideTraits" if cfg.wide else "Sm90BwdTraits"
+    return f"::flashop::sm90::{traits}<{_BOOL[cfg.dtype == 'bf16']}, {cfg.headdim}>"
 
 
 def _sm90_bwd_file(cfg) -> str:

@@ -35,6 +35,7 @@
 // wide (bwd_params.h): dQ adds past p.headdim (D = 64, 128) add zeros to padding the convert kernel
 // never reads.
 // Not deterministic (dQ atomics): the glue routes deterministic=True to the mma.sync kernels.
+// Tile widths 160 .. 256: bwd_kernel_sm90_wide below (64 keys per CTA, the consumers split the columns).
 #pragma once
 
 #include <cuda.h>
@@ -54,6 +55,7 @@ template <bool kBf16_, int kHeadDim_>
 struct Sm90BwdTraits {
   static constexpr bool kBf16 = kBf16_;
   static constexpr int kHeadDim = kHeadDim_;  // the tile width: 64, 96 or 128
+  static constexpr bool kWide = false;        // bwd_kernel_sm90 (Sm90BwdWideTraits: bwd_kernel_sm90_wide)
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128, "the sm90 backward takes D = 64, 96 or 128");
   // Q, dO and V tiles (K too, except at D = 96: kKColBlock below) are column blocks of kColBlock
   // elements, one swizzle span per row, as the TMA maps write them (the forward's layouts, fwd_traits.cuh): 64 (128 bytes, 128B swizzle, 1024-byte
@@ -429,6 +431,333 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < kD / 8; ++i) {
         if (8 * i >= p.headdim) break;
+        const int col = 8 * i + 2 * t;
+        *reinterpret_cast<uint32_t*>(gdk + int64_t(key) * p.dk_row_stride + col) =
+            pack2<T::kBf16>(acc_dk[4 * i + 2 * h] * p.scale, acc_dk[4 * i + 2 * h + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(gdv + int64_t(key) * p.dv_row_stride + col) =
+            pack2<T::kBf16>(acc_dv[4 * i + 2 * h], acc_dv[4 * i + 2 * h + 1]);
+      }
+    }
+  }
+#endif
+}
+
+// ------------------------------------------------------------------ wide tiles (D = 160 .. 256)
+// At D >= 160 the 128-key CTA does not fit: dV_c + dK_c over 64 keys and all D columns would be D fp32
+// registers per consumer thread (192 at D = 192) beside S^T, dP^T and dQ. The wide kernel takes B_c = 64
+// keys per CTA and splits the work of each step (64 queries) between the two consumers by columns and
+// by queries, so that no product is computed twice:
+//   S^T_c  = K Q_c^T, dP^T_c = V dO_c^T      SS wgmma m64n32: all 64 keys x queries 32c .. 32c+31
+//   P^T_c, dS^T_c in registers -> shared memory ([query][key], 128B swizzle, stmatrix.trans), so
+//   that each consumer sees both halves of the queries (named barrier over 256 threads):
+//   dV[:, half c] += P^T dO[:, half c]       SS wgmma m64n(D/2), A = P MN-major (tnspA), K = 64 queries
+//   dK[:, half c] += dS^T Q[:, half c]       SS wgmma m64n(D/2), A = dS MN-major
+//   dQ[:, half c]  = dS K[:, half c]         SS wgmma m64n(D/2), A = dS K-major, K = 64 keys
+// Registers per consumer thread: dV, dK D/4 each, dQ D/4, S^T, dP^T 16 each (D = 256: 224 at most, and
+// S^T, dP^T are dead once stored, before dQ's accumulator is live).
+// Columns are blocks of kColBlock elements with D/2 a whole number of blocks (each consumer's half starts
+// on a block): 64 (128B swizzle) at D = 256, 32 (64B) at 192, 16 (32B) at 160 and 224. K and V have
+// the same blocks as Q and dO.
+// Shared memory: K, V 64 x D each; Q, dO 2 stages x 64 x D each; P, dS 2 buffers x 8 KiB each; lse/D
+// 2 stages x 512 B: D = 256 226 KiB, D = 192 177 KiB (+ barriers + 1 KiB alignment slack).
+// Head dimension: as bwd_kernel_sm90 (TMA maps' dim 0 = p.headdim zero-fills the columns past it;
+// dK/dV stores and dQ adds skip the n8 blocks at or past p.headdim).
+template <bool kBf16_, int kHeadDim_>
+struct Sm90BwdWideTraits {
+  static constexpr bool kBf16 = kBf16_;
+  static constexpr int kHeadDim = kHeadDim_;  // the tile width: 160, 192, 224 or 256
+  static constexpr bool kWide = true;
+  static_assert(kHeadDim == 160 || kHeadDim == 192 || kHeadDim == 224 || kHeadDim == 256,
+                "the sm90 wide backward takes D = 160, 192, 224 or 256");
+  static constexpr int kHalf = kHeadDim / 2;  // columns of dK, dV, dQ per consumer
+  static constexpr int kColBlock = kHalf % 64 == 0 ? 64 : kHalf % 32 == 0 ? 32 : 16;
+  static constexpr int kRowBytes = 2 * kColBlock;
+  static constexpr int kAtomBytes = 8 * kRowBytes;
+  static constexpr int kDBlocks = kHeadDim / kColBlock;
+  static constexpr int kHalfBlocks = kHalf / kColBlock;
+  static constexpr int kKColBlock = kColBlock;  // the launcher's K map (K and V alike here)
+  static constexpr int kBlockN = 64;  // keys per CTA: at 128, dV + dK would be D (160-256) fp32 registers per thread
+  static constexpr int kBlockM = 64;             // queries per step (32 per consumer in S^T, dP^T)
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 384;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static constexpr uint32_t kKVBlock = kBlockN * kRowBytes;  // a column block of K or V
+  static constexpr uint32_t kQBlock = kBlockM * kRowBytes;   // a column block of Q or dO
+  static constexpr uint32_t kPBlock = kBlockM * kBlockN * 2;  // P or dS: [query][key], 128-byte rows
+  static constexpr uint32_t kKVTile = kDBlocks * kKVBlock;
+  static constexpr uint32_t kQTile = kDBlocks * kQBlock;
+  static constexpr uint32_t kKOff = 0;
+  static constexpr uint32_t kVOff = kKOff + kKVTile;
+  static constexpr uint32_t kQOff = kVOff + kKVTile;               // stage s at + s * kQTile
+  static constexpr uint32_t kDOOff = kQOff + kStages * kQTile;
+  static constexpr uint32_t kPOff = kDOOff + kStages * kQTile;     // buffer u at + u * kPBlock
+  static constexpr uint32_t kDSOff = kPOff + 2 * kPBlock;          // buffer u at + u * kPBlock
+  static constexpr uint32_t kLseOff = kDSOff + 2 * kPBlock;        // stage s at + s * 256
+  static constexpr uint32_t kDsumOff = kLseOff + kStages * kBlockM * 4;
+  static constexpr uint32_t kBarOff = kDsumOff + kStages * kBlockM * 4;
+  static constexpr uint32_t kBars = 1 + 2 * kStages;  // kv_full, full[s], empty[s]
+  static constexpr uint32_t kSmemBytes = kBarOff + 8 * kBars + 1024;
+  static constexpr uint32_t kStepTxBytes = 2 * kQTile + 2 * kBlockM * 4;  // Q, dO, lse, D
+  static_assert(kHalf % kColBlock == 0 && kHalf % 16 == 0, "each consumer's half is whole column blocks");
+  static_assert(kKVBlock % kAtomBytes == 0 && kQBlock % kAtomBytes == 0 && kVOff % kAtomBytes == 0 &&
+                    kQOff % kAtomBytes == 0 && kDOOff % kAtomBytes == 0 && kPOff % 1024 == 0 &&
+                    kDSOff % 1024 == 0,
+                "swizzle atoms");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    bwd_kernel_sm90_wide(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                         const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                         const __grid_constant__ BwdParams p) {
+#ifdef FLASHOP_SM90_ENABLED
+  constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kD = T::kHeadDim, kH = T::kHalf;
+  using Elem = typename std::conditional<T::kBf16, __nv_bfloat16, __half>::type;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = base + T::kKOff, sV = base + T::kVOff;
+  const uint32_t bar_kv = base + T::kBarOff;
+  auto bar_full = [&](int s) { return bar_kv + 8u * (1 + s); };
+  auto bar_empty = [&](int s) { return bar_kv + 8u * (1 + T::kStages + s); };
+
+  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int key0 = n_block * kBN;
+  const int m_tiles = (p.seqlen_q + kBM - 1) / kBM;
+  const int m_first = bwd_first_query_tile(p, key0, kBM);
+  const int per_head = m_first < m_tiles ? m_tiles - m_first : 0;
+  const int total = per_head * p.head_ratio;  // steps: (query head of the group, query tile)
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) {
+    tma_prefetch_desc(&tm_q);
+    tma_prefetch_desc(&tm_k);
+    tma_prefetch_desc(&tm_v);
+    tma_prefetch_desc(&tm_do);
+    mbar_init(bar_kv, 1);
+    for (int s = 0; s < T::kStages; ++s) {
+      mbar_init(bar_full(s), 1);
+      mbar_init(bar_empty(s), 8);  // one arrival per consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer
+    setmaxnreg_dec<T::kProducerRegs>();
+    if (tid == 0 && total > 0) {
+      mbar_arrive_expect_tx(bar_kv, 2 * T::kKVTile);
+      for (int h = 0; h < T::kDBlocks; ++h) {
+        tma_load_4d(&tm_k, sK + h * T::kKVBlock, bar_kv, T::kColBlock * h, key0, hk, b);
+        tma_load_4d(&tm_v, sV + h * T::kKVBlock, bar_kv, T::kColBlock * h, key0, hk, b);
+      }
+      for (int it = 0; it < total; ++it) {
+        const int s = it % T::kStages;
+        const uint32_t use = it / T::kStages;
+        if (use > 0) mbar_wait(bar_empty(s), (use - 1) & 1);
+        const int hq = hk * p.head_ratio + it / per_head;
+        const int m = m_first + it % per_head;
+        const uint32_t full = bar_full(s);
+        mbar_arrive_expect_tx(full, T::kStepTxBytes);
+        const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
+        for (int h = 0; h < T::kDBlocks; ++h) {
+          tma_load_4d(&tm_q, sQ + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
+          tma_load_4d(&tm_do, sDO + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
+        }
+        // The workspaces are padded to kBwdSeqQPad rows: the whole tile is in bounds.
+        const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + int64_t(m) * kBM;
+        bulk_load(base + T::kLseOff + s * kBM * 4, p.lse_log2 + row, kBM * 4, full);
+        bulk_load(base + T::kDsumOff + s * kBM * 4, p.dsum + row, kBM * 4, full);
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------- consumer
+  setmaxnreg_inc<T::kConsumerRegs>();
+  const int c = wg - 1;  // queries 32c .. 32c+31 of S^T, dP^T; columns kH c .. kH c + kH-1 of dK, dV, dQ
+  const int ctid = tid - 128 * wg;
+  const int warp = ctid / 32, lane = ctid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int qc = 32 * c;                   // this consumer's first query of the step
+  const int key_lo = key0 + 16 * warp + g;  // S^T rows of this thread: key_lo, key_lo + 8
+  const uint32_t col_c = c * T::kHalfBlocks;  // first column block of this consumer's half
+
+  float acc_dv[kH / 2], acc_dk[kH / 2];
+#pragma unroll
+  for (int i = 0; i < kH / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
+
+  if (total > 0) mbar_wait(bar_kv, 0);
+  const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
+
+  for (int it = 0; it < total; ++it) {
+    const int s = it % T::kStages;
+    const int hq = hk * p.head_ratio + it / per_head;
+    const int m = m_first + it % per_head;
+    const int q0 = m * kBM;
+    const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
+    const uint32_t sP = base + T::kPOff + (it & 1) * T::kPBlock, sDS = base + T::kDSOff + (it & 1) * T::kPBlock;
+    mbar_wait(bar_full(s), (it / T::kStages) & 1);
+
+    // S^T = K Q_c^T and dP^T = V dO_c^T over D (K-major both): A = all 64 rows of K or V, B = rows
+    // qc .. qc+31 of Q or dO (four atoms into each column block).
+    auto gemm_nt = [&](float (&acc)[16], uint32_t sA, uint32_t sB) {
+      constexpr int kSteps = T::kColBlock / 16;
+#pragma unroll
+      for (int k = 0; k < kD / 16; ++k) {
+        const uint32_t koff = (k % kSteps) * 32;
+        wgmma_ss<T::kBf16, 32, 0>(acc, bwd_tile_desc<T::kRowBytes>(sA + (k / kSteps) * T::kKVBlock + koff, 16),
+                                  bwd_tile_desc<T::kRowBytes>(sB + (k / kSteps) * T::kQBlock + qc * T::kRowBytes + koff, 16),
+                                  k > 0);
+      }
+      wgmma_commit();
+    };
+    float st[16], dpt[16];
+    wgmma_fence();
+    gemm_nt(st, sK, sQ);
+    gemm_nt(dpt, sV, sDO);
+
+    // Fragments of an m64n32 accumulator as the 16-bit A layout of k16 step j (queries 16j .. 16j+15):
+    // r = 0: n8 block 2j rows g; 1: block 2j rows g+8; 2, 3: block 2j+1.
+    auto fragment = [](const float (&acc)[16], int j, int r) {
+      const int idx = 4 * (2 * j + r / 2) + 2 * (r % 2);
+      return pack2<T::kBf16>(acc[idx], acc[idx + 1]);
+    };
+    // Stores 16-bit fragments into a [query][key] buffer (128-byte rows, 128B swizzle) through
+    // stmatrix.trans: matrix mi of k step j holds keys 16 warp + 8 (mi % 2) .. +7 x queries
+    // qc + 16j + 8 (mi / 2) .. +7.
+    auto store_t = [&](uint32_t buf, const uint32_t (&fr)[2][4]) {
+      const int mi = lane / 8, r = lane % 8;
+      const int chunk = 2 * warp + (mi % 2);  // 16-byte chunk (8 keys) of the 128-byte row
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = qc + 16 * j + 8 * (mi / 2) + r;
+        stmatrix_x4_trans(buf + q * 128 + ((chunk ^ (q & 7)) << 4), fr[j]);
+      }
+    };
+
+    // P^T while dP^T runs. Columns (queries) of n8 block i: q0 + qc + 8i + 2t (+1).
+    wgmma_wait<1>();
+    fence_regs(st);
+    const uint32_t sLse = base + T::kLseOff + s * kBM * 4 + qc * 4, sDsum = base + T::kDsumOff + s * kBM * 4 + qc * 4;
+    const bool need_mask =
+        key0 + kBN > p.seqlen_k || (p.causal && int64_t(key0) + kBN - 1 > int64_t(q0) + causal_shift);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int col = 8 * i + 2 * t;
+      float lse0, lse1;
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(lse0), "=f"(lse1) : "r"(sLse + col * 4));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float lse = (e & 1) ? lse1 : lse0;
+        float x = exp2f(st[4 * i + e] * p.scale_log2 - lse);
+        if (need_mask) {
+          const int key = key_lo + ((e & 2) ? 8 : 0);
+          const int64_t q = int64_t(q0) + qc + col + (e & 1);
+          if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) x = 0.f;
+        }
+        st[4 * i + e] = x;  // P^T from here on
+      }
+    }
+    uint32_t fr[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) fr[j][r] = fragment(st, j, r);
+    store_t(sP, fr);
+    fence_proxy_async_smem();
+    named_bar_sync<1, 256>();  // both consumers' queries of P written
+    // dV[:, half c] += P^T dO[:, half c]: A = P^T (M = 64 keys = one 128-byte row span, MN-major; 16 query
+    // rows per k step = two atoms), B = dO's column blocks of half c (MN-major, blocks kQBlock apart).
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < kBM / 16; ++j)
+      wgmma_ss<T::kBf16, kH, 1, 1>(acc_dv, make_desc_sw128(sP + j * 2048, T::kPBlock, 1024),
+                                   bwd_tile_desc<T::kRowBytes>(sDO + col_c * T::kQBlock + j * 2 * T::kAtomBytes,
+                                                               T::kQBlock),
+                                   1);
+    wgmma_commit();
+
+    wgmma_wait<1>();  // dP^T done (dV may still run)
+    fence_regs(dpt);
+    // dS^T = P^T (dP^T - D).
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int col = 8 * i + 2 * t;
+      float d0, d1;
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(d0), "=f"(d1) : "r"(sDsum + col * 4));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? d1 : d0));
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) fr[j][r] = fragment(dpt, j, r);
+    store_t(sDS, fr);
+    fence_proxy_async_smem();
+    named_bar_sync<1, 256>();  // both consumers' queries of dS written
+    // dQ[:, half c] = dS K[:, half c], then dK[:, half c] += dS^T Q[:, half c] (as dV), two commit groups so
+    // that the dQ atomics issue while dK runs. dQ: A = dS K-major over the 64 keys (one 128-byte row span:
+    // four k16 steps of 32 bytes), B = K's column blocks of half c (MN-major: 16 key rows per k step,
+    // blocks kKVBlock apart).
+    float dq[kH / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kBN / 16; ++k)
+      wgmma_ss<T::kBf16, kH, 1>(dq, make_desc_sw128(sDS + k * 32, 16, 1024),
+                                bwd_tile_desc<T::kRowBytes>(sK + col_c * T::kKVBlock + k * 16 * T::kRowBytes,
+                                                            T::kKVBlock),
+                                k > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int j = 0; j < kBM / 16; ++j)
+      wgmma_ss<T::kBf16, kH, 1, 1>(acc_dk, make_desc_sw128(sDS + j * 2048, T::kPBlock, 1024),
+                                   bwd_tile_desc<T::kRowBytes>(sQ + col_c * T::kQBlock + j * 2 * T::kAtomBytes,
+                                                               T::kQBlock),
+                                   1);
+    wgmma_commit();
+    wgmma_wait<1>();  // dV and dQ done (dK may still run)
+    fence_regs(dq);
+
+    // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped; the n8 blocks at or past
+    // the head dimension hold zeros and are not added: one uniform compare per block).
+    float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD + kH * c;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 16 * warp + g + 8 * h;
+      if (q0 + row < p.seqlen_q) {
+#pragma unroll
+        for (int i = 0; i < kH / 8; ++i) {
+          if (kH * c + 8 * i >= p.headdim) break;
+          red_add_v2(gacc + row * kD + 8 * i + 2 * t, dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
+        }
+      }
+    }
+
+    wgmma_wait<0>();
+    fence_regs(acc_dv);
+    fence_regs(acc_dk);
+    // Every read of this stage's Q, dO, lse, D is done: hand it back to the producer. The warp barrier
+    // orders the other lanes' shared-memory reads of lse and D before lane 0's arrive (its release).
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_empty(s));
+  }
+
+  // dK * scale and dV from registers (rows = keys key_lo, key_lo + 8; columns kH c + 8i + 2t, n8 blocks
+  // at or past the head dimension skipped).
+  Elem* gdk = static_cast<Elem*>(p.dk) + int64_t(b) * p.dk_batch_stride + int64_t(hk) * p.dk_head_stride + kH * c;
+  Elem* gdv = static_cast<Elem*>(p.dv) + int64_t(b) * p.dv_batch_stride + int64_t(hk) * p.dv_head_stride + kH * c;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key_lo + 8 * h;
+    if (key < p.seqlen_k) {
+#pragma unroll
+      for (int i = 0; i < kH / 8; ++i) {
+        if (kH * c + 8 * i >= p.headdim) break;
         const int col = 8 * i + 2 * t;
         *reinterpret_cast<uint32_t*>(gdk + int64_t(key) * p.dk_row_stride + col) =
             pack2<T::kBf16>(acc_dk[4 * i + 2 * h] * p.scale, acc_dk[4 * i + 2 * h + 1] * p.scale);

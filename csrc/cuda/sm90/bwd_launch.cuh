@@ -41,7 +41,10 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   sm80::bwd::bwd_preprocess_kernel<Aux><<<dim3(g.pre[0], g.pre[1], g.pre[2]), sm80::bwd::kAuxThreads, 0, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  auto kernel = bwd_kernel_sm90<T>;
+  auto kernel = [] {
+    if constexpr (T::kWide) return bwd_kernel_sm90_wide<T>;
+    else return bwd_kernel_sm90<T>;
+  }();
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid((p.seqlen_k + T::kBlockN - 1) / T::kBlockN, p.heads_k, p.batch);
