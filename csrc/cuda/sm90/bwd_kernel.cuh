@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     mbar_init(bar_kv, 1);
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(bar_full(s), 1);
-      mbar_init(bar_empty(s), 8);  // one arrival per consumer warp
+      mbar_init(bar_empty(s), T::kThreads - 128);  // one arrival per consumer thread
     }
     mbar_init_fence();
   }
@@ -394,10 +394,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       fence_regs_u32(pa[j]);
       fence_regs_u32(da[j]);
     }
-    // Every read of this stage's Q, dO, lse, D is done: hand it back to the producer. The warp barrier
-    // orders the other lanes' shared-memory reads of lse and D before lane 0's arrive (its release).
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_empty(s));
+    // Every read of this stage's Q, dO, lse, D is done: hand it back to the producer. Each thread arrives,
+    // so each one's release covers its own shared-memory reads of lse and D.
+    mbar_arrive(bar_empty(s));
 
     // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped). Its rows are kD wide
     // (bwd_params.h): the columns past the head dimension are padding and receive adds of 0 (K's
@@ -540,7 +539,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     mbar_init(bar_kv, 1);
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(bar_full(s), 1);
-      mbar_init(bar_empty(s), 8);  // one arrival per consumer warp
+      mbar_init(bar_empty(s), T::kThreads - 128);  // one arrival per consumer thread
     }
     mbar_init_fence();
   }
@@ -741,10 +740,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma_wait<0>();
     fence_regs(acc_dv);
     fence_regs(acc_dk);
-    // Every read of this stage's Q, dO, lse, D is done: hand it back to the producer. The warp barrier
-    // orders the other lanes' shared-memory reads of lse and D before lane 0's arrive (its release).
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_empty(s));
+    // Every read of this stage's Q, dO, lse, D is done: hand it back to the producer. Each thread arrives,
+    // so each one's release covers its own shared-memory reads of lse and D.
+    mbar_arrive(bar_empty(s));
   }
 
   // dK * scale and dV from registers (rows = keys key_lo, key_lo + 8; columns kH c + 8i + 2t, n8 blocks
