@@ -170,7 +170,10 @@ def test_sm90_backward_headdim_below_width_poisoned(name, headdim, causal):
 def test_sm90_backward_refuses_headdims_it_cannot_take(name):
     config = HopperBackwardConfig.parse(name)
     dtype = _DTYPES[config.dtype]
-    for d, match in ((config.headdim + 8, "head dimensions up to"), (36, "multiples of 8")):
+    cases = [(36, "multiples of 8")]
+    if config.headdim < 256:  # past 256 the op's own headdim check speaks first
+        cases.append((config.headdim + 8, "head dimensions up to"))
+    for d, match in cases:
         q, k, v = make_qkv((1, 64, 64, 2, 2, d), dtype, "cuda")
         with pytest.raises(RuntimeError, match=match):
             _direct_grads(name, q, k, v, torch.randn_like(q), False)
