@@ -218,7 +218,7 @@ MULTICAST_BUILD_CAUSAL = {128: (2048, 8192), 256: (1024, 1 << 62)}
 PERSISTENT_REGISTER_O_FROM = {128: 4096}
 # Tile widths whose backward default on compute capability 9.0 is the wgmma kernel (sm90.bwd.*) rather
 # than the first listed mma.sync config: 1.15-1.28x the fastest mma.sync backward at d128 (H200, bf16,
-# 1k-16k, causal or not); 1.30-1.34x at d96 and 1.19-1.37x at d192-256 (H100, bf16, 4k, causal or not).
+# 1k-16k, causal or not); 1.30-1.34x at d96 and 1.13-1.37x at d160-256 (H100, bf16, 4k, causal or not).
 HOPPER_BACKWARD_HEADDIMS = (96, 128, 160, 192, 224, 256)
 
 
