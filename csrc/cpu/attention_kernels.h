@@ -11,6 +11,7 @@
 // (attention_pack.h) into the B-operand layouts; the query side is read in place.
 #pragma once
 
+#include "../attention_variants.h"
 #include "attention_pack.h"
 
 #include <ATen/Context.h>
@@ -37,7 +38,8 @@ namespace flashop::cpu {
 struct AttentionParams {
   int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_k = 0, headdim = 0;
   float softmax_scale = 1.f;
-  bool causal = false;
+  bool causal = false;  // variants' (-1, 0) window
+  AttentionVariants variants;
 
   const void* q = nullptr;
   const void* k = nullptr;

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../attention_variants.h"
+
 namespace flashop {
 
 // Query rows of every per-(batch, head) workspace row block are padded to a
@@ -67,6 +69,9 @@ struct BwdParams {
   float scale;       // softmax_scale (any sign)
   float scale_log2;  // softmax_scale * log2(e)
   bool causal;       // bottom-right aligned: query i sees key j iff j <= i + Sk - Sq
+  // Windows, softcap, ALiBi (csrc/attention_variants.h; sinks need nothing here: lse carries them);
+  // causal above is variants' (-1, 0) window.
+  AttentionVariants variants;
   // Bit-identical dQ run to run: key tiles add their dQ contributions to a
   // query tile in key-tile order, serialised by dq_semaphore (see bwd_kernel.cuh).
   bool deterministic;

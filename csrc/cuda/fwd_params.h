@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "../attention_variants.h"
+
 namespace flashop {
 
 struct FwdParams {
@@ -42,6 +44,8 @@ struct FwdParams {
   float scale;       // softmax_scale (> 0; the glue folds a negative scale into q)
   float scale_log2;  // softmax_scale * log2(e): exp(x*scale) = exp2(x*scale_log2)
   bool causal;       // bottom-right aligned: query i sees key j iff j <= i + Sk - Sq
+  // Windows, softcap, ALiBi, sinks (csrc/attention_variants.h); causal above is variants' (-1, 0) window.
+  AttentionVariants variants;
 
   // Set by the sm_90a launchers, unused elsewhere. Split tail: with stream_k, the
   // query tiles from stream_k_tile0 on are shared out over the CTAs in equal runs of key tiles, and a
