@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 namespace flashop {
 namespace {
@@ -74,6 +75,55 @@ void check_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at
               dtype_name(softmax_lse.scalar_type()));
   TORCH_CHECK(softmax_lse.device() == q.device(), "flashop: softmax_lse must be on the device of q (", q.device(),
               "), got ", softmax_lse.device());
+}
+
+namespace {
+
+// A float32 tensor of one of the given shapes on q's device, contiguous (the kernels index it flat).
+void check_variant_tensor(const at::Tensor& t, const char* name, const at::Tensor& q,
+                          const std::vector<std::vector<int64_t>>& shapes, const char* shape_text) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat, "flashop: ", name, " must have dtype torch.float32, got ",
+              dtype_name(t.scalar_type()));
+  TORCH_CHECK(t.device() == q.device(), "flashop: ", name, " must be on the device of q (", q.device(), "), got ",
+              t.device());
+  bool shape_ok = false;
+  for (const auto& s : shapes) shape_ok = shape_ok || t.sizes() == at::IntArrayRef(s);
+  TORCH_CHECK(shape_ok, "flashop: ", name, " must have shape ", shape_text, ", got ", t.sizes());
+  TORCH_CHECK(t.is_contiguous(), "flashop: ", name, " must be contiguous");
+}
+
+}  // namespace
+
+AttentionVariants check_variants(const AttentionDims& dims, const at::Tensor& q, bool& causal, int64_t window_left,
+                                 int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
+                                 const std::optional<at::Tensor>& sinks) {
+  TORCH_CHECK(window_left >= -1, "flashop: window_size_left must be -1 (unbounded) or >= 0, got ", window_left);
+  TORCH_CHECK(window_right >= -1, "flashop: window_size_right must be -1 (unbounded) or >= 0, got ", window_right);
+  TORCH_CHECK(std::isfinite(softcap) && softcap >= 0, "flashop: softcap must be a finite number >= 0 (0 is off), got ",
+              softcap);
+  const int64_t B = dims.batch, Hq = dims.heads_q;
+  AttentionVariants v;
+  if (alibi_slopes.has_value()) {
+    const std::string shapes = "(nheads,) = (" + std::to_string(Hq) + ",) or (batch, nheads) = (" + std::to_string(B) +
+                               ", " + std::to_string(Hq) + ")";
+    check_variant_tensor(*alibi_slopes, "alibi_slopes", q, {{Hq}, {B, Hq}}, shapes.c_str());
+    v.alibi_slopes = alibi_slopes->const_data_ptr<float>();
+    v.alibi_batch_stride = alibi_slopes->dim() == 2 ? Hq : 0;
+  }
+  if (sinks.has_value()) {
+    const std::string shapes = "(nheads,) = (" + std::to_string(Hq) + ",)";
+    check_variant_tensor(*sinks, "learnable_sink", q, {{Hq}}, shapes.c_str());
+    v.sinks = sinks->const_data_ptr<float>();
+  }
+  v.softcap = static_cast<float>(softcap);
+  // Normalised bounds: a left bound >= Sk - 1 or a right bound >= Sq - 1 excludes no key of any row.
+  if (causal) window_right = 0;
+  if (window_left >= dims.seqlen_k - 1) window_left = -1;
+  if (window_right >= dims.seqlen_q - 1) window_right = -1;
+  v.window_left = static_cast<int>(window_left);
+  v.window_right = static_cast<int>(window_right);
+  causal = window_left < 0 && window_right == 0;
+  return v;
 }
 
 double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t headdim) {

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include "attention_variants.h"
 #include <c10/util/Optional.h>
 
 #include <optional>
@@ -28,6 +30,14 @@ AttentionDims check_forward_inputs(const at::Tensor& q, const at::Tensor& k, con
 // dout and out shaped like q, softmax_lse (B, Hq, Sq) float32, all on q's device.
 void check_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
                            const at::Tensor& softmax_lse, const AttentionDims& dims);
+
+// The variant arguments (window_size_left/right, softcap, alibi_slopes, learnable_sink; sinks absent in
+// the backward), checked and normalised: causal sets window_right = 0, a window bound that excludes no
+// key becomes -1, and `causal` on return is true exactly for the (-1, 0) window. Pointers are those of
+// the given tensors (float32 and contiguous: checked).
+AttentionVariants check_variants(const AttentionDims& dims, const at::Tensor& q, bool& causal, int64_t window_left,
+                                 int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
+                                 const std::optional<at::Tensor>& sinks);
 
 // softmax_scale defaults to 1/sqrt(D); an explicit value must be finite.
 double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t headdim);

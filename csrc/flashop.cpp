@@ -18,14 +18,21 @@ TORCH_LIBRARY(flashop, m) {
   // The fake kernels live in Python; this tells the dispatcher where.
   // `deterministic` asks the backward for bit-identical gradients run to run; the forward takes it
   // only so autograd can carry it from the Python APIs to the backward.
+  // The attention variants (csrc/attention_variants.h) are optional arguments after those, so today's
+  // positional calls keep their meaning (not keyword-only: register_autograd takes no keyword-only
+  // tensors). The backward takes no sinks: the forward's softmax_lse carries them, and their gradient is
+  // formed by the autograd formula (flashop/ops.py).
   m.set_python_module("flashop.meta");
   m.def(
       "forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
-      "str? config=None, bool deterministic=False) -> (Tensor out, Tensor softmax_lse)",
+      "str? config=None, bool deterministic=False, int window_size_left=-1, int window_size_right=-1, "
+      "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? learnable_sink=None) "
+      "-> (Tensor out, Tensor softmax_lse)",
       {at::Tag::pt2_compliant_tag});
   m.def(
       "backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
-      "float? softmax_scale=None, bool causal=False, str? config=None, bool deterministic=False) "
+      "float? softmax_scale=None, bool causal=False, str? config=None, bool deterministic=False, "
+      "int window_size_left=-1, int window_size_right=-1, float softcap=0.0, Tensor? alibi_slopes=None) "
       "-> (Tensor dq, Tensor dk, Tensor dv)",
       {at::Tag::pt2_compliant_tag});
 }

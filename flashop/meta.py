@@ -70,6 +70,40 @@ def check_backward_inputs(dout, q, out, softmax_lse, dims):
            f"flashop: softmax_lse must be on the device of q ({q.device}), got {softmax_lse.device}")
 
 
+def _variant_tensor(t, name, q, shapes, shape_text):
+    _check(t.dtype == torch.float32, f"flashop: {name} must have dtype torch.float32, got {t.dtype}")
+    _check(t.device == q.device, f"flashop: {name} must be on the device of q ({q.device}), got {t.device}")
+    _check(list(t.shape) in shapes, f"flashop: {name} must have shape {shape_text}, got {list(t.shape)}")
+    _check(t.is_contiguous(), f"flashop: {name} must be contiguous")
+
+
+def check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink=None):
+    """The variant arguments' rules (csrc/checks.cpp check_variants)."""
+    batch, _, _, heads_q, _, _ = dims
+    _check(window_size_left >= -1, f"flashop: window_size_left must be -1 (unbounded) or >= 0, got {window_size_left}")
+    _check(window_size_right >= -1,
+           f"flashop: window_size_right must be -1 (unbounded) or >= 0, got {window_size_right}")
+    _check(softcap == softcap and abs(softcap) != float("inf") and softcap >= 0,
+           f"flashop: softcap must be a finite number >= 0 (0 is off), got {softcap}")
+    if alibi_slopes is not None:
+        _variant_tensor(alibi_slopes, "alibi_slopes", q, [[heads_q], [batch, heads_q]],
+                        f"(nheads,) = ({heads_q},) or (batch, nheads) = ({batch}, {heads_q})")
+    if learnable_sink is not None:
+        _variant_tensor(learnable_sink, "learnable_sink", q, [[heads_q]], f"(nheads,) = ({heads_q},)")
+
+
+def normalize_window(causal, window_size_left, window_size_right, seqlen_q, seqlen_k):
+    """(causal, left, right) as the kernels take them (csrc/checks.cpp check_variants): causal sets the
+    right bound to 0, a bound that excludes no key becomes -1, causal is exactly the (-1, 0) window."""
+    if causal:
+        window_size_right = 0
+    if window_size_left >= seqlen_k - 1:
+        window_size_left = -1
+    if window_size_right >= seqlen_q - 1:
+        window_size_right = -1
+    return window_size_left < 0 and window_size_right == 0, window_size_left, window_size_right
+
+
 def check_softmax_scale(softmax_scale):
     if softmax_scale is not None:
         _check(softmax_scale == softmax_scale and abs(softmax_scale) != float("inf"),
@@ -77,8 +111,11 @@ def check_softmax_scale(softmax_scale):
 
 
 @torch.library.register_fake("flashop::forward")
-def forward_fake(q, k, v, softmax_scale=None, causal=False, config=None, deterministic=False):
-    batch, seqlen_q, _, heads_q, _, headdim = check_forward_inputs(q, k, v)
+def forward_fake(q, k, v, softmax_scale=None, causal=False, config=None, deterministic=False,
+                 window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None):
+    dims = check_forward_inputs(q, k, v)
+    batch, seqlen_q, _, heads_q, _, headdim = dims
+    check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink)
     check_softmax_scale(softmax_scale)
     dispatch.check_config(config, q.device, q.dtype, headdim, "forward")
     out = q.new_empty(q.shape)
@@ -88,9 +125,10 @@ def forward_fake(q, k, v, softmax_scale=None, causal=False, config=None, determi
 
 @torch.library.register_fake("flashop::backward")
 def backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, config=None,
-                  deterministic=False):
+                  deterministic=False, window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None):
     dims = check_forward_inputs(q, k, v)
     check_backward_inputs(dout, q, out, softmax_lse, dims)
+    check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes)
     check_softmax_scale(softmax_scale)
     dispatch.check_config(config, q.device, q.dtype, dims[5], "backward", deterministic)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -13,24 +13,38 @@ backward_op = torch.ops.flashop.backward.default
 # ---------------------------------------------------------------- autograd
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, _config, deterministic = inputs
+    (q, k, v, softmax_scale, causal, _config, deterministic, window_size_left, window_size_right, softcap,
+     alibi_slopes, learnable_sink) = inputs
     out, softmax_lse = output
-    ctx.save_for_backward(q, k, v, out, softmax_lse)
+    ctx.save_for_backward(q, k, v, out, softmax_lse, alibi_slopes, learnable_sink)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.deterministic = deterministic
+    ctx.window = (window_size_left, window_size_right)
+    ctx.softcap = softcap
     # The LSE is an auxiliary output, as in FlashAttention: no gradient flows through it.
     ctx.mark_non_differentiable(softmax_lse)
 
 
+def _sink_grad(dout, out, softmax_lse, learnable_sink):
+    """d loss / d sink_h = -sum over rows of P_sink * rowsum(dO * O): the sink's logit has no value (zero),
+    so its dP is 0 and dS_sink = P_sink (0 - D), with P_sink = exp(sink - lse) (the lse includes the sink)."""
+    d_rows = (dout.float() * out.float()).sum(-1).transpose(1, 2)  # (B, Hq, Sq)
+    p_sink = torch.exp(learnable_sink[None, :, None] - softmax_lse)
+    return -(p_sink * d_rows).sum((0, 2))
+
+
 def _backward(ctx, dout, _dlse):
-    q, k, v, out, softmax_lse = ctx.saved_tensors
+    q, k, v, out, softmax_lse, alibi_slopes, learnable_sink = ctx.saved_tensors
     if dout.size(-1) > 1 and dout.stride(-1) != 1:
         # Incoming gradients can be expanded or transposed; the kernels need unit stride in headdim only.
         dout = dout.contiguous()
     dq, dk, dv = backward_op(dout, q, k, v, out, softmax_lse, ctx.softmax_scale, ctx.causal, None,
-                             ctx.deterministic)
-    return dq, dk, dv, None, None, None, None
+                             ctx.deterministic, *ctx.window, ctx.softcap, alibi_slopes)
+    dsink = None
+    if learnable_sink is not None and ctx.needs_input_grad[11]:
+        dsink = _sink_grad(dout, out, softmax_lse, learnable_sink)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, dsink
 
 
 torch.library.register_autograd("flashop::forward", _backward, setup_context=_setup_context)
@@ -40,12 +54,25 @@ torch.library.register_autograd("flashop::forward", _backward, setup_context=_se
 
 if _C.WITH_CUDA:
 
+    def _cuda_variants(op, q, k, causal, window_size_left, window_size_right, softcap, alibi_slopes,
+                       learnable_sink=None):
+        """The normalised window; the CUDA kernels run the variants once they are verified on the GPU."""
+        causal, left, right = meta.normalize_window(causal, window_size_left, window_size_right, q.size(1), k.size(1))
+        if left >= 0 or right > 0 or softcap > 0 or alibi_slopes is not None or learnable_sink is not None:
+            raise NotImplementedError(
+                f"{op} (CUDA): local windows, softcap, ALiBi and learnable sinks run on the CPU backend only so far")
+        return causal
+
     @torch.library.register_kernel("flashop::forward", "cuda")
-    def _forward_cuda(q, k, v, softmax_scale=None, causal=False, config=None, deterministic=False):
+    def _forward_cuda(q, k, v, softmax_scale=None, causal=False, config=None, deterministic=False,
+                      window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None):
         # The argument rules first, in Python (flashop/meta.py: the rules and messages of
         # csrc/checks.cpp): the policy below reads shapes, and the Hopper module must not build
         # error messages with numbers (csrc/cuda/sm90/bindings_sm90.cpp says why).
-        meta.check_forward_inputs(q, k, v)
+        dims = meta.check_forward_inputs(q, k, v)
+        meta.check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink)
+        causal = _cuda_variants("flashop.forward", q, k, causal, window_size_left, window_size_right, softcap,
+                                alibi_slopes, learnable_sink)
         meta.check_softmax_scale(softmax_scale)
         dispatch.check_config(config, q.device, q.dtype, q.size(-1), "forward")
         if config is None:
@@ -59,8 +86,12 @@ if _C.WITH_CUDA:
 
     @torch.library.register_kernel("flashop::backward", "cuda")
     def _backward_cuda(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, config=None,
-                       deterministic=False):
-        meta.check_backward_inputs(dout, q, out, softmax_lse, meta.check_forward_inputs(q, k, v))
+                       deterministic=False, window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None):
+        dims = meta.check_forward_inputs(q, k, v)
+        meta.check_backward_inputs(dout, q, out, softmax_lse, dims)
+        meta.check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes)
+        causal = _cuda_variants("flashop.backward", q, k, causal, window_size_left, window_size_right, softcap,
+                                alibi_slopes)
         meta.check_softmax_scale(softmax_scale)
         dispatch.check_config(config, q.device, q.dtype, q.size(-1), "backward", deterministic)
         if config is None:
@@ -88,52 +119,66 @@ if _C.WITH_CUDA:
 
 # ---------------------------------------------------------------- FlashAttention-style API
 
-def _reject_unsupported(dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+def _reject_dropout(dropout_p):
     if dropout_p != 0.0:
         raise NotImplementedError(f"flashop: dropout_p={dropout_p} is not supported yet (only 0.0)")
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError(f"flashop: window_size={tuple(window_size)} (local attention) is not supported yet")
-    if softcap != 0.0:
-        raise NotImplementedError(f"flashop: softcap={softcap} is not supported yet (only 0.0)")
-    if alibi_slopes is not None:
-        raise NotImplementedError("flashop: alibi_slopes is not supported yet")
 
 
-def _attention(q, k, v, softmax_scale, causal, return_attn_probs, config, deterministic=False):
-    out, softmax_lse = forward_op(q, k, v, softmax_scale, causal, config, deterministic)
+def _window_pair(window_size):
+    if len(window_size) != 2:
+        raise ValueError(f"flashop: window_size must be a pair (left, right), got {window_size!r}")
+    return int(window_size[0]), int(window_size[1])
+
+
+def _attention(q, k, v, softmax_scale, causal, return_attn_probs, config, deterministic=False, window_size=(-1, -1),
+               softcap=0.0, alibi_slopes=None, learnable_sink=None):
+    out, softmax_lse = forward_op(q, k, v, softmax_scale, causal, config, deterministic, *_window_pair(window_size),
+                                  float(softcap), alibi_slopes, learnable_sink)
     # FlashAttention returns (out, softmax_lse, S_dmask); S_dmask only exists with dropout.
     return (out, softmax_lse, None) if return_attn_probs else out
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, config=None):
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, learnable_sink=None,
+                    config=None):
     """Attention over q (batch, seqlen_q, nheads, headdim), k and v (batch, seqlen_k, nheads_k, headdim).
 
     nheads % nheads_k == 0 gives MQA/GQA. causal=True aligns the mask to the bottom-right corner.
+    window_size=(left, right) limits query i to keys i + Sk - Sq - left .. i + Sk - Sq + right (-1: unbounded);
+    softcap > 0 caps the scores at softcap * tanh(score / softcap); alibi_slopes (nheads,) or (batch, nheads)
+    float32 subtracts slope * |i + Sk - Sq - j|; learnable_sink (nheads,) float32 adds one logit per head to
+    every row's softmax denominator (gpt-oss's attention sinks), with its gradient.
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse, None) with return_attn_probs.
     """
-    _reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
-    return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config, deterministic)
+    _reject_dropout(dropout_p)
+    return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config, deterministic, window_size, softcap,
+                      alibi_slopes, learnable_sink)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                              alibi_slopes=None, deterministic=False, return_attn_probs=False, *, config=None):
-    """qkv (batch, seqlen, 3, nheads, headdim): q, k and v are strided views, never copied."""
-    _reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+                              alibi_slopes=None, deterministic=False, return_attn_probs=False, *, learnable_sink=None,
+                              config=None):
+    """qkv (batch, seqlen, 3, nheads, headdim): q, k and v are strided views, never copied. The other
+    arguments as in flash_attn_func."""
+    _reject_dropout(dropout_p)
     if qkv.dim() != 5 or qkv.size(2) != 3:
         raise ValueError(f"flashop: qkv must have shape (batch, seqlen, 3, nheads, headdim), got {list(qkv.shape)}")
     q, k, v = qkv.unbind(2)
-    return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config, deterministic)
+    return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config, deterministic, window_size, softcap,
+                      alibi_slopes, learnable_sink)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                             alibi_slopes=None, deterministic=False, return_attn_probs=False, *, config=None):
-    """q (batch, seqlen_q, nheads, headdim), kv (batch, seqlen_k, 2, nheads_k, headdim)."""
-    _reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+                             alibi_slopes=None, deterministic=False, return_attn_probs=False, *, learnable_sink=None,
+                             config=None):
+    """q (batch, seqlen_q, nheads, headdim), kv (batch, seqlen_k, 2, nheads_k, headdim). The other
+    arguments as in flash_attn_func."""
+    _reject_dropout(dropout_p)
     if kv.dim() != 5 or kv.size(2) != 2:
         raise ValueError(f"flashop: kv must have shape (batch, seqlen_k, 2, nheads_k, headdim), got {list(kv.shape)}")
     k, v = kv.unbind(2)
-    return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config, deterministic)
+    return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config, deterministic, window_size, softcap,
+                      alibi_slopes, learnable_sink)
 
 
 # ---------------------------------------------------------------- torch.nn.functional-style API

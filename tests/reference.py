@@ -2,9 +2,16 @@
 import torch
 
 
-def attention_reference(q, k, v, softmax_scale=None, causal=False, upcast=True):
+def attention_reference(q, k, v, softmax_scale=None, causal=False, upcast=True, window_size=(-1, -1), softcap=0.0,
+                        alibi_slopes=None, learnable_sink=None):
     """softmax(q k^T * scale) v for (B, S, H, D) inputs, GQA by repeating K/V heads, causal
     aligned bottom-right. Rows that see no key give 0 output and -inf LSE.
+
+    The variants, written from their definitions (FlashAttention's): with off = Sk - Sq, query i sees
+    key j iff i + off - left <= j <= i + off + right (-1 unbounded; causal is right = 0); softcap > 0
+    maps each score to softcap * tanh(score / softcap); ALiBi subtracts slope * |i + off - j|;
+    learnable_sink adds one logit per head to every row's softmax denominator (a row without keys
+    then has lse = sink). Differentiable in q, k, v and learnable_sink.
 
     upcast=True computes in float64 (the reference); upcast=False computes in the inputs' own
     dtype, which is "PyTorch's own error" in FlashAttention's accuracy criterion.
@@ -16,13 +23,31 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, upcast=True):
     k = k.repeat_interleave(group, dim=2)
     v = v.repeat_interleave(group, dim=2)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
     seqlen_q, seqlen_k = q.size(1), k.size(1)
+    rows = torch.arange(seqlen_q, device=q.device).view(-1, 1)
+    cols = torch.arange(seqlen_k, device=q.device).view(1, -1)
+    diagonal = rows + seqlen_k - seqlen_q
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(dtype).view(-1, q.size(2), 1, 1)  # (1 or B, H, 1, 1)
+        scores = scores - slopes * (diagonal - cols).abs().to(dtype)
+    left, right = window_size
     if causal:
-        rows = torch.arange(seqlen_q, device=q.device).view(-1, 1)
-        cols = torch.arange(seqlen_k, device=q.device).view(1, -1)
-        scores = scores.masked_fill(cols > rows + seqlen_k - seqlen_q, float("-inf"))
+        right = 0
+    visible = torch.ones_like(cols > rows)
+    if left >= 0:
+        visible = visible & (cols >= diagonal - left)
+    if right >= 0:
+        visible = visible & (cols <= diagonal + right)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    if learnable_sink is not None:
+        sink = learnable_sink.to(dtype).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+        scores = torch.cat([scores, sink], dim=-1)
     lse = torch.logsumexp(scores.float() if not upcast else scores, dim=-1)
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no key: all -inf -> NaN -> 0
+    if learnable_sink is not None:
+        probs = probs[..., :-1]
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
     return out, lse.float()
 

@@ -155,10 +155,19 @@ class TestApiErrors(expecttest.TestCase):
         self.check(NotImplementedError, lambda: flashop.flash_attn_func(*qkv(), dropout_p=0.1), """flashop: dropout_p=0.1 is not supported yet (only 0.0)""")
 
     def test_window(self):
-        self.check(NotImplementedError, lambda: flashop.flash_attn_func(*qkv(), window_size=(4, 0)), """flashop: window_size=(4, 0) (local attention) is not supported yet""")
+        self.check(RuntimeError, lambda: flashop.flash_attn_func(*qkv(), window_size=(-3, 0)), """flashop: window_size_left must be -1 (unbounded) or >= 0, got -3""")
+
+    def test_window_pair(self):
+        self.check(ValueError, lambda: flashop.flash_attn_func(*qkv(), window_size=(4, 0, 1)), """flashop: window_size must be a pair (left, right), got (4, 0, 1)""")
 
     def test_softcap(self):
-        self.check(NotImplementedError, lambda: flashop.flash_attn_func(*qkv(), softcap=30.0), """flashop: softcap=30.0 is not supported yet (only 0.0)""")
+        self.check(RuntimeError, lambda: flashop.flash_attn_func(*qkv(), softcap=-30.0), """flashop: softcap must be a finite number >= 0 (0 is off), got -30""")
+
+    def test_alibi_shape(self):
+        self.check(RuntimeError, lambda: flashop.flash_attn_func(*qkv(), alibi_slopes=torch.ones(3)), """flashop: alibi_slopes must have shape (nheads,) = (2,) or (batch, nheads) = (1, 2), got [3]""")
+
+    def test_sink_shape(self):
+        self.check(RuntimeError, lambda: flashop.flash_attn_func(*qkv(), learnable_sink=torch.ones(1, 2)), """flashop: learnable_sink must have shape (nheads,) = (2,), got [1, 2]""")
 
     def test_qkvpacked_shape(self):
         self.check(ValueError, lambda: flashop.flash_attn_qkvpacked_func(torch.randn(1, 8, 2, 2, 16)), """flashop: qkv must have shape (batch, seqlen, 3, nheads, headdim), got [1, 8, 2, 2, 16]""")

@@ -74,6 +74,27 @@ inline void softmax_grad_row(float* s, float* dp, int64_t n, int64_t len, float 
   for (; j < len; ++j) s[j] = 0.f, dp[j] = 0.f;
 }
 
+// softmax_grad_row for logits that are not scale * s (softcap, ALiBi: variant_logits), over keys [lo, hi)
+// of a tile of len: p = exp(logit - lse), ds = p (dp - d_i) dlogit/ds; zero elsewhere. `grad` is scratch.
+inline void softmax_grad_row_logits(float* s, float* dp, int64_t lo, int64_t hi, int64_t len, float scale,
+                                    float softcap, float slope, int64_t diag, float lse, float d_i, float* grad) {
+  variant_logits(s, lo, hi, scale, softcap, slope, diag, grad);
+  const Vec vlse(-lse), vd(d_i);
+  int64_t j = lo;
+  for (; j + Vec::size() <= hi; j += Vec::size()) {
+    const Vec pv = (Vec::loadu(s + j) + vlse).exp_u20();
+    pv.store(s + j);
+    (pv * (Vec::loadu(dp + j) - vd) * Vec::loadu(grad + j)).store(dp + j);
+  }
+  for (; j < hi; ++j) {
+    const float pv = std::exp(s[j] - lse);
+    s[j] = pv;
+    dp[j] = pv * (dp[j] - d_i) * grad[j];
+  }
+  std::fill(s, s + lo, 0.f), std::fill(dp, dp + lo, 0.f);
+  std::fill(s + std::max(hi, lo), s + len, 0.f), std::fill(dp + std::max(hi, lo), dp + len, 0.f);
+}
+
 // fp32 operand rows of one head: in place when T is float and the row stride is a
 // valid leading dimension, else widened/copied into `buf` (rows x D).
 template <typename T>
@@ -92,8 +113,10 @@ void backward_impl(const BackwardParams& p) {
   constexpr int64_t BQ = Tiles::block_q, BK = Tiles::block_k;
   const int64_t B = p.batch, Sq = p.seqlen_q, Sk = p.seqlen_k, Hq = p.heads_q, Hk = p.heads_k, D = p.headdim;
   const int64_t G = Hq / Hk;
-  const int64_t offset = Sk - Sq;
   const float scale = p.softmax_scale;
+  const AttentionVariants& var = p.variants;
+  const KeyWindow window = key_window(p);
+  const bool logits = var.softcap > 0.f || var.alibi_slopes != nullptr;
   const int64_t n_ktiles = div_up(Sk, BK);
 
   // A task owns the key tiles of one (batch, kv head) whose index is = c mod n_chunks:
@@ -111,7 +134,7 @@ void backward_impl(const BackwardParams& p) {
     // Per-thread scratch: O(G * seqlen_q * headdim) for the query side, O(tile) for the rest.
     AlignedBuffer<float> q_buf(widen_q ? group_size : 0), do_buf(widen_do ? group_size : 0), d_rows(G * Sq);
     AlignedBuffer<float> kt(D * BK), vt(D * BK), k_buf(BK * D), dk_acc(BK * D), dv_acc(BK * D);
-    AlignedBuffer<float> s(BQ * BK), dp(BQ * BK), pt(BK * BQ), dst(BK * BQ), o_row(D);
+    AlignedBuffer<float> s(BQ * BK), dp(BQ * BK), pt(BK * BQ), dst(BK * BQ), o_row(D), grad(BK);
     std::vector<const float*> q_rows(G), do_rows(G);
     std::vector<int64_t> ld_q(G), ld_do(G);
 
@@ -158,24 +181,40 @@ void backward_impl(const BackwardParams& p) {
         std::fill_n(dk_acc.data(), L * D, 0.f);
         std::fill_n(dv_acc.data(), L * D, 0.f);
 
-        // Queries before i_first see none of these keys (causal).
-        const int64_t i_first = p.causal ? std::max<int64_t>(0, j0 - offset) : 0;
+        // Queries [i_first, i_end) see some of these keys: the tiles outside the window are skipped.
+        const int64_t i_first = window.right < 0 ? 0 : std::clamp<int64_t>(j0 - window.offset - window.right, 0, Sq);
+        const int64_t i_end =
+            window.left < 0 ? Sq : std::clamp<int64_t>(j0 + L - 1 - window.offset + window.left + 1, 0, Sq);
         for (int64_t g = 0; g < G; ++g) {
-          const float* lse = p.softmax_lse + b * p.lse_batch_stride + (hk * G + g) * p.lse_head_stride;
+          const int64_t h = hk * G + g;
+          const float* lse = p.softmax_lse + b * p.lse_batch_stride + h * p.lse_head_stride;
           const float* drow = d_rows.data() + g * Sq;
-          for (int64_t q0 = (i_first / BQ) * BQ; q0 < Sq; q0 += BQ) {
+          const float slope = var.alibi_slopes ? var.alibi_slopes[b * var.alibi_batch_stride + h] : 0.f;
+          for (int64_t q0 = (i_first / BQ) * BQ; q0 < i_end; q0 += BQ) {
             const int64_t M = std::min(BQ, Sq - q0);
             const float* qi = q_rows[g] + q0 * ld_q[g];
             const float* doi = do_rows[g] + q0 * ld_do[g];
             at::native::cpublas::brgemm(M, L, D, ld_q[g], BK, BK, false, qi, kt.data(), s.data());
             at::native::cpublas::brgemm(M, L, D, ld_do[g], BK, BK, false, doi, vt.data(), dp.data());
+            const bool full = window.covers(q0, M, j0, L);
             for (int64_t r = 0; r < M; ++r) {
               const int64_t i = q0 + r;
-              const int64_t n = visible_keys(p.causal, i, offset, j0, L);
+              // The row sees keys [j0 + lo, j0 + hi) of this tile.
+              const int64_t lo = full ? 0 : std::clamp<int64_t>(window.begin(i) - j0, 0, L);
+              const int64_t hi = full ? L : std::max(lo, std::clamp<int64_t>(window.end(i) - j0, 0, L));
               // A row that saw no key in the forward has lse = -inf and P = 0.
               const float lse_i = lse[i * p.lse_row_stride];
-              const bool empty = n == 0 || lse_i == kNegInf;
-              softmax_grad_row(s.data() + r * BK, dp.data() + r * BK, empty ? 0 : n, L, scale, lse_i, drow[i]);
+              float* srow = s.data() + r * BK;
+              float* dprow = dp.data() + r * BK;
+              if (hi == lo || lse_i == kNegInf) {
+                softmax_grad_row(srow, dprow, 0, L, scale, lse_i, drow[i]);
+              } else if (logits) {
+                softmax_grad_row_logits(srow, dprow, lo, hi, L, scale, var.softcap, slope, i + window.offset - j0,
+                                        lse_i, drow[i], grad.data());
+              } else {
+                softmax_grad_row(srow + lo, dprow + lo, hi - lo, L - lo, scale, lse_i, drow[i]);
+                std::fill_n(srow, lo, 0.f), std::fill_n(dprow, lo, 0.f);
+              }
             }
             // P^T and dS^T (L x M) are the A operands of dV and dK.
             transpose(s.data(), BK, M, L, pt.data(), BQ);

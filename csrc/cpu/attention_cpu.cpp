@@ -26,11 +26,12 @@ void check_cpu_config(const std::optional<c10::string_view>& config, const char*
 }
 
 void set_common(cpu::AttentionParams& p, const AttentionDims& dims, const at::Tensor& q, const at::Tensor& k,
-                const at::Tensor& v, double scale, bool causal) {
+                const at::Tensor& v, double scale, bool causal, const AttentionVariants& variants) {
   p.batch = dims.batch, p.seqlen_q = dims.seqlen_q, p.seqlen_k = dims.seqlen_k;
   p.heads_q = dims.heads_q, p.heads_k = dims.heads_k, p.headdim = dims.headdim;
   p.softmax_scale = static_cast<float>(scale);
   p.causal = causal;
+  p.variants = variants;
   p.q = q.const_data_ptr(), p.k = k.const_data_ptr(), p.v = v.const_data_ptr();
   p.q_batch_stride = q.stride(0), p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
   p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
@@ -51,8 +52,13 @@ void dispatch_dtype(at::ScalarType dtype, const F& f) {
 // thread in a fixed order (run to run, for a given number of threads).
 std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                std::optional<double> softmax_scale, bool causal,
-                                               std::optional<c10::string_view> config, bool /*deterministic*/) {
+                                               std::optional<c10::string_view> config, bool /*deterministic*/,
+                                               int64_t window_size_left, int64_t window_size_right, double softcap,
+                                               const std::optional<at::Tensor>& alibi_slopes,
+                                               const std::optional<at::Tensor>& learnable_sink) {
   const AttentionDims dims = check_forward_inputs(q, k, v);
+  const AttentionVariants variants = check_variants(dims, q, causal, window_size_left, window_size_right, softcap,
+                                                    alibi_slopes, learnable_sink);
   check_cpu_config(config, "flashop.forward");
   const double scale = resolve_softmax_scale(softmax_scale, dims.headdim);
 
@@ -60,7 +66,7 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& q, const at::Te
   at::Tensor lse = at::empty({dims.batch, dims.heads_q, dims.seqlen_q}, q.options().dtype(at::kFloat));
 
   cpu::AttentionParams p;
-  set_common(p, dims, q, k, v, scale, causal);
+  set_common(p, dims, q, k, v, scale, causal, variants);
   p.out = out.data_ptr();
   p.out_batch_stride = out.stride(0), p.out_row_stride = out.stride(1), p.out_head_stride = out.stride(2);
   p.softmax_lse = lse.data_ptr<float>();
@@ -73,9 +79,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(const at::Tensor& do
                                                             const at::Tensor& k, const at::Tensor& v,
                                                             const at::Tensor& out, const at::Tensor& softmax_lse,
                                                             std::optional<double> softmax_scale, bool causal,
-                                                            std::optional<c10::string_view> config, bool /*deterministic*/) {
+                                                            std::optional<c10::string_view> config, bool /*deterministic*/,
+                                                            int64_t window_size_left, int64_t window_size_right,
+                                                            double softcap, const std::optional<at::Tensor>& alibi_slopes) {
   const AttentionDims dims = check_forward_inputs(q, k, v);
   check_backward_inputs(dout, q, out, softmax_lse, dims);
+  const AttentionVariants variants = check_variants(dims, q, causal, window_size_left, window_size_right, softcap,
+                                                    alibi_slopes, std::nullopt);
   check_cpu_config(config, "flashop.backward");
   const double scale = resolve_softmax_scale(softmax_scale, dims.headdim);
 
@@ -84,7 +94,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(const at::Tensor& do
   at::Tensor dv = at::empty(v.sizes(), v.options());
 
   cpu::BackwardParams p;
-  set_common(p, dims, q, k, v, scale, causal);
+  set_common(p, dims, q, k, v, scale, causal, variants);
   p.out = const_cast<void*>(out.const_data_ptr());
   p.out_batch_stride = out.stride(0), p.out_row_stride = out.stride(1), p.out_head_stride = out.stride(2);
   p.softmax_lse = const_cast<float*>(softmax_lse.const_data_ptr<float>());  // read only

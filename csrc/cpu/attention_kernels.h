@@ -98,11 +98,57 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Number of keys of [key0, key0 + len) that query `row` sees: causal attention is
-// aligned to the bottom-right corner, so query i sees key j iff j <= i + Sk - Sq.
-inline int64_t visible_keys(bool causal, int64_t row, int64_t causal_offset, int64_t key0, int64_t len) {
-  if (!causal) return len;
-  return std::clamp<int64_t>(row + causal_offset - key0 + 1, 0, len);
+// The keys a query sees (csrc/attention_variants.h): with offset = Sk - Sq, query i sees key j iff
+// i + offset - left <= j <= i + offset + right, a negative bound unbounded (causal: right = 0).
+struct KeyWindow {
+  int64_t left, right, offset, seqlen_k;
+
+  // First key row `i` sees, and one past its last (empty when begin >= end).
+  int64_t begin(int64_t i) const { return left < 0 ? 0 : std::clamp<int64_t>(i + offset - left, 0, seqlen_k); }
+  int64_t end(int64_t i) const { return right < 0 ? seqlen_k : std::clamp<int64_t>(i + offset + right + 1, 0, seqlen_k); }
+  // Keys [j0, j0 + len) all seen by every row of [i0, i0 + rows): no per-element mask needed.
+  bool covers(int64_t i0, int64_t rows, int64_t j0, int64_t len) const {
+    return (left < 0 || j0 >= i0 + rows - 1 + offset - left) && (right < 0 || j0 + len - 1 <= i0 + offset + right);
+  }
+};
+
+inline KeyWindow key_window(const AttentionParams& p) {
+  return {p.variants.window_left, p.variants.window_right, p.seqlen_k - p.seqlen_q, p.seqlen_k};
+}
+
+// The softmax logits of keys [lo, hi) of one row, in place: scale * s, soft-capped, minus the ALiBi bias
+// slope * |diag - j| (diag: the row's diagonal key, i + Sk - Sq, minus the tile's first key). With
+// `cap_grad`, also the derivative of the capped logit by s (the backward's chain factor).
+inline void variant_logits(float* s, int64_t lo, int64_t hi, float scale, float softcap, float slope, int64_t diag,
+                           float* cap_grad = nullptr) {
+  int64_t j = lo;
+  if (softcap > 0.f) {
+    // softcap * tanh(scale * s / softcap); d/ds = scale * (1 - tanh^2)
+    const Vec vin(scale / softcap), vcap(softcap), vone(1.f), vscale(scale);
+    for (; j + Vec::size() <= hi; j += Vec::size()) {
+      const Vec t = (Vec::loadu(s + j) * vin).tanh();
+      (t * vcap).store(s + j);
+      if (cap_grad) ((vone - t * t) * vscale).store(cap_grad + j);
+    }
+    for (; j < hi; ++j) {
+      const float t = std::tanh(s[j] * (scale / softcap));
+      s[j] = t * softcap;
+      if (cap_grad) cap_grad[j] = (1.f - t * t) * scale;
+    }
+  } else {
+    const Vec vscale(scale);
+    for (; j + Vec::size() <= hi; j += Vec::size()) (Vec::loadu(s + j) * vscale).store(s + j);
+    for (; j < hi; ++j) s[j] *= scale;
+    if (cap_grad) std::fill(cap_grad + lo, cap_grad + hi, scale);
+  }
+  if (slope != 0.f) {
+    const Vec vslope(slope), vdiag(static_cast<float>(diag));
+    for (j = lo; j + Vec::size() <= hi; j += Vec::size()) {
+      const Vec dist = (vdiag - Vec::arange(static_cast<float>(j), 1.f)).abs();
+      (Vec::loadu(s + j) - dist * vslope).store(s + j);
+    }
+    for (; j < hi; ++j) s[j] -= slope * std::abs(static_cast<float>(diag - j));
+  }
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -348,10 +394,17 @@ struct ForwardTask {
 
     for (int64_t r = 0; r < rows; ++r) row_max[r] = kNegInf, row_sum[r] = 0.f;
 
-    // Keys seen by any row of the tile; tiles right of the diagonal are skipped.
-    const int64_t key_end = p.causal ? std::clamp<int64_t>(q0 + rows + offset, 0, Sk) : Sk;
+    // Keys seen by any row of the tile: tiles wholly outside the window (causal: right of the diagonal)
+    // are skipped; the first tile starts at a packed key block.
+    const AttentionVariants& var = p.variants;
+    const KeyWindow window = key_window(p);
+    const int64_t key_begin = window.begin(q0), key_end = window.end(q0 + rows - 1);
+    // Softcap and ALiBi turn the scores into logits before the softmax (scale applied there).
+    const bool logits = var.softcap > 0.f || var.alibi_slopes != nullptr;
+    const float slope = var.alibi_slopes ? var.alibi_slopes[b * var.alibi_batch_stride + h] : 0.f;
+    const float exp_scale = logits ? 1.f : scale;
     bool first = true;
-    for (int64_t j0 = 0; j0 < key_end; j0 += Tiles::block_k) {
+    for (int64_t j0 = key_begin / kKeyBlock * kKeyBlock; j0 < key_end; j0 += Tiles::block_k) {
       const int64_t len = std::min(Tiles::block_k, key_end - j0);
       const int64_t len_pad = div_up(len, kKeyBlock) * kKeyBlock;
 
@@ -361,10 +414,12 @@ struct ForwardTask {
                                     kv.key_block(b, hk, (j0 + kb) / kKeyBlock), s + kb, path == GemmPath::kVnni);
       }
 
-      // Online softmax; only tiles that cross the diagonal need the per-row mask.
-      const bool full = !p.causal || j0 + len - 1 <= q0 + offset;
+      // Online softmax; only tiles that cross a window edge need the per-row mask.
+      const bool full = window.covers(q0, rows, j0, len);
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t n = full ? len : visible_keys(true, q0 + r, offset, j0, len);
+        // The row sees keys [j0 + lo, j0 + lo + n) of this tile.
+        const int64_t lo = full ? 0 : std::clamp<int64_t>(window.begin(q0 + r) - j0, 0, len);
+        const int64_t n = full ? len : std::max<int64_t>(std::clamp<int64_t>(window.end(q0 + r) - j0, 0, len) - lo, 0);
         float* srow = s + r * ldS;
         // The product with V reads len (fp32) or len_pad (16-bit, zero-padded) columns.
         const int64_t n_pad = path == GemmPath::kVnni ? len_pad : len;
@@ -378,15 +433,20 @@ struct ForwardTask {
           alpha[r] = 1.f;
           continue;
         }
-        const float tile_max = scale >= 0 ? scale * reduce_max(srow, n) : scale * reduce_min(srow, n);
+        if (logits) variant_logits(srow, lo, lo + n, scale, var.softcap, slope, q0 + r + offset - j0);
+        const float* xs = srow + lo;
+        const float tile_max = logits ? reduce_max(xs, n)
+                               : scale >= 0 ? scale * reduce_max(xs, n) : scale * reduce_min(xs, n);
         const float m_new = std::max(row_max[r], tile_max);
         // m_new is finite whenever the scores are: no -inf - -inf here.
         alpha[r] = row_max[r] == kNegInf ? 0.f : std::exp(row_max[r] - m_new);
         float sum;
         if constexpr (path == GemmPath::kVnni) {
-          sum = exp_row(srow, n, n_pad, scale, m_new, p16 + r * ldS);
+          std::fill_n(p16 + r * ldS, lo, T(0.f));
+          sum = exp_row(xs, n, n_pad - lo, exp_scale, m_new, p16 + r * ldS + lo);
         } else {
-          sum = exp_row(srow, n, n_pad, scale, m_new, srow);
+          sum = exp_row(xs, n, n_pad - lo, exp_scale, m_new, srow + lo);
+          std::fill_n(srow, lo, 0.f);
         }
         row_sum[r] = row_sum[r] * alpha[r] + sum;
         row_max[r] = m_new;
@@ -410,12 +470,25 @@ struct ForwardTask {
       first = false;
     }
 
-    // out = acc / row_sum; rows that saw no key give 0 and lse = -inf.
+    // out = acc / row_sum; rows that saw no key give 0 and lse = -inf. A sink adds exp(sink) to the
+    // row sum (a row without keys then has lse = sink).
     T* out = static_cast<T*>(p.out) + b * p.out_batch_stride + h * p.out_head_stride + q0 * p.out_row_stride;
     float* lse = p.softmax_lse + b * p.lse_batch_stride + h * p.lse_head_stride + q0 * p.lse_row_stride;
+    const float sink = var.sinks ? var.sinks[h] : kNegInf;
     for (int64_t r = 0; r < rows; ++r) {
       T* orow = out + r * p.out_row_stride;
-      if (first || row_sum[r] == 0.f) {
+      const bool empty = first || row_sum[r] == 0.f;
+      if (var.sinks) {
+        const float m = empty ? sink : std::max(row_max[r], sink);
+        const float keys_part = empty ? 0.f : row_sum[r] * std::exp(row_max[r] - m);
+        const float total = keys_part + std::exp(sink - m);
+        if (empty) {
+          std::fill_n(orow, D, T(0.f));
+        } else {
+          store_scaled_row(acc + r * ldA, D, std::exp(row_max[r] - m) / total, orow);
+        }
+        lse[r * p.lse_row_stride] = m + std::log(total);
+      } else if (empty) {
         std::fill_n(orow, D, T(0.f));
         lse[r * p.lse_row_stride] = kNegInf;
       } else {
@@ -472,7 +545,8 @@ void attention_forward(const AttentionParams& p) {
         T* out = static_cast<T*>(p.out) + b * p.out_batch_stride + h * p.out_head_stride;
         for (int64_t r = 0; r < p.seqlen_q; ++r) std::fill_n(out + r * p.out_row_stride, p.headdim, T(0.f));
         float* lse = p.softmax_lse + b * p.lse_batch_stride + h * p.lse_head_stride;
-        for (int64_t r = 0; r < p.seqlen_q; ++r) lse[r * p.lse_row_stride] = detail::kNegInf;
+        const float empty_lse = p.variants.sinks ? p.variants.sinks[h] : detail::kNegInf;
+        for (int64_t r = 0; r < p.seqlen_q; ++r) lse[r * p.lse_row_stride] = empty_lse;
       }
     });
     return;
