@@ -67,6 +67,11 @@ METHOD = """\
 * **Peers**, in the same process: on the GPU `torch.nn.functional.scaled_dot_product_attention` with the
   FLASH_ATTENTION backend (FlashAttention-2, "FA2") and the CUDNN_ATTENTION backend ("cuDNN"); on the CPU
   the same function with torch's default CPU kernel ("torch"). A "-" is a shape the peer refused.
+* **Attention variants** (`--variants`): causal bf16 d128, 8k tokens, batch 4, 16 heads, with a 1024-key window,
+  softcap 30, ALiBi (the paper's slopes) or a sink per head, against FlexAttention (`torch.compile`d
+  `flex_attention`, the equivalent block mask and score mod, sinks applied through its lse); FLOPs count the
+  visible (query, key) pairs. Beside them the window's cost: causal 32k keys with a 4k window against 32k
+  queries over 4k keys, dense.
 * **Ratios** are peer time / flashop time: > 1 means flashop is faster. The summary gives the harmonic
   mean of each row's ratios over the sequence lengths.
 * Regenerate a device's section with `python -m flashop.bench --device cuda --modes fwd bwd fwd+bwd
@@ -212,6 +217,195 @@ def run_case(case: Case, device: str, peers: list[str], config=None, rounds: int
     return result
 
 
+# --- attention variants against FlexAttention ----------------------------------------------------------------
+
+# name -> (causal, window_size, softcap, alibi, sink). The issue's shapes: bf16, d128, 8k tokens, batch 4, 16 heads.
+VARIANT_KINDS = {
+    "window 1024": (True, (1024, -1), 0.0, False, False),
+    "softcap 30": (True, (-1, -1), 30.0, False, False),
+    "ALiBi": (True, (-1, -1), 0.0, True, False),
+    "sinks": (True, (-1, -1), 0.0, False, True),
+}
+
+
+@dataclass
+class VariantCase:
+    variant: str
+    dtype: str
+    headdim: int
+    seqlen_q: int
+    seqlen_k: int
+    batch: int
+    heads: int
+    mode: str
+
+    def visible_pairs(self) -> int:
+        """(query, key) pairs the mask lets through, summed over the rows (FLOPs count only these)."""
+        causal, (left, right), *_ = VARIANT_KINDS.get(self.variant, (False, (-1, -1)))
+        return visible_pairs(self.seqlen_q, self.seqlen_k, causal, left, right)
+
+    def flops(self) -> float:
+        f = 4.0 * self.batch * self.heads * self.visible_pairs() * self.headdim
+        return {"fwd": f, "bwd": 2.5 * f, "fwd+bwd": 3.5 * f}[self.mode]
+
+
+def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool, left: int, right: int) -> int:
+    rows = torch.arange(seqlen_q, dtype=torch.int64) + (seqlen_k - seqlen_q)
+    right = 0 if causal else right
+    first = (rows - left).clamp(min=0) if left >= 0 else torch.zeros_like(rows)
+    end = (rows + right + 1).clamp(max=seqlen_k) if right >= 0 else torch.full_like(rows, seqlen_k)
+    return int((end - first).clamp(min=0).sum())
+
+
+def _variant_inputs(case: VariantCase, device: str):
+    causal, window, softcap, alibi, sink = VARIANT_KINDS[case.variant]
+    dtype, grad = DTYPES[case.dtype], case.mode != "fwd"
+    q = torch.randn(case.batch, case.seqlen_q, case.heads, case.headdim, device=device, dtype=dtype, requires_grad=grad)
+    k, v = (torch.randn(case.batch, case.seqlen_k, case.heads, case.headdim, device=device, dtype=dtype,
+                        requires_grad=grad) for _ in range(2))
+    slopes = flashop.modules.alibi_slopes(case.heads).to(device) if alibi else None
+    sinks = torch.randn(case.heads, device=device, requires_grad=grad) if sink else None
+    return (q, k, v), dict(causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes,
+                           learnable_sink=sinks)
+
+
+def _flex_attend(case: VariantCase, inputs, args):
+    """The same attention through torch's FlexAttention (compiled), with the equivalent mask and score mods;
+    sinks rescale its output by its own lse: out * exp(lse - logaddexp(lse, sink))."""
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+
+    q, k, v = (t.transpose(1, 2) for t in inputs)
+    offset = case.seqlen_k - case.seqlen_q
+    left, right = args["window_size"]
+    right = 0 if args["causal"] else right
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        visible = kv_idx >= 0
+        if right >= 0:
+            visible = visible & (kv_idx <= q_idx + offset + right)
+        if left >= 0:
+            visible = visible & (kv_idx >= q_idx + offset - left)
+        return visible
+
+    softcap, slopes, sinks = args["softcap"], args["alibi_slopes"], args["learnable_sink"]
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if softcap > 0:
+            score = softcap * torch.tanh(score / softcap)
+        if slopes is not None:
+            score = score - slopes[h] * (q_idx + offset - kv_idx).abs()
+        return score
+
+    torch._dynamo.reset()  # each case compiles its own mods from scratch (no recompile limit reached)
+    block_mask = create_block_mask(mask_mod, None, None, case.seqlen_q, case.seqlen_k, device=q.device)
+    flex = torch.compile(flex_attention)
+
+    def attend():
+        if sinks is None:
+            return flex(q, k, v, score_mod=score_mod, block_mask=block_mask).transpose(1, 2)
+        out, aux = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, return_aux=AuxRequest(lse=True))
+        lse = aux.lse
+        keep = torch.sigmoid(lse - sinks.view(1, -1, 1))  # exp(lse - logaddexp(lse, sink))
+        return (out * keep.unsqueeze(-1).to(out.dtype)).transpose(1, 2)
+    return attend
+
+
+def make_variant_runner(impl: str, case: VariantCase, device: str):
+    inputs, args = _variant_inputs(case, device)
+    if impl == "flashop":
+        def attend():
+            return flashop.flash_attn_func(*inputs, **args)
+    else:
+        attend = _flex_attend(case, inputs, args)
+    leaves = [t for t in list(inputs) + [args["learnable_sink"]] if t is not None and t.requires_grad]
+    if case.mode == "fwd":
+        def run():
+            with torch.no_grad():
+                attend()
+        return run
+    dout = torch.randn_like(inputs[0])
+    if case.mode == "fwd+bwd":
+        return lambda: torch.autograd.grad(attend(), leaves, dout)
+    out = attend()
+    return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
+
+
+def variant_cases(args):
+    seqlen = (args.seqlens or [8192])[0]
+    for variant in VARIANT_KINDS:
+        for mode in args.modes or ["fwd", "fwd+bwd"]:
+            yield VariantCase(variant, (args.dtypes or ["bf16"])[0], (args.headdims or [128])[0], seqlen, seqlen,
+                              args.batch_variants, args.heads or 16, mode)
+
+
+def run_variant_cases(args) -> list[dict]:
+    """Each variant's median time, flashop and FlexAttention timed in turn (run_case's rounds)."""
+    rows = []
+    from tqdm import tqdm
+
+    for case in tqdm(list(variant_cases(args)), desc="bench variants"):
+        ms = {}
+        for r in range(args.rounds):
+            for impl in (("flashop", "flex") if r % 2 == 0 else ("flex", "flashop")):
+                try:
+                    runner = make_variant_runner(impl, case, args.device)
+                    runner()
+                    ms.setdefault(impl, []).append(median_ms(runner, args.device))
+                except (RuntimeError, NotImplementedError) as err:
+                    print(f"  {impl} failed on {case}: {str(err).splitlines()[0]}")
+        rows.append(dict(asdict(case), flops=case.flops(),
+                         ms={impl: _json_ms(statistics.median(t)) for impl, t in ms.items()}))
+    return rows
+
+
+def window_cost_rows(args) -> list[dict]:
+    """Cost follows the window: a causal 32k-key problem with a 4k window against a dense problem with 4k keys
+    per query (32k queries over 4k keys), both flashop, same batch and heads."""
+    seqlen, window = 32768, 4096
+    times = {}
+    for name, causal, window_size, seqlen_k in (("window 4k", True, (window, -1), seqlen),
+                                                ("dense 4k keys", False, (-1, -1), window)):
+        q = torch.randn(1, seqlen, args.heads or 16, 128, device=args.device, dtype=torch.bfloat16)
+        k, v = (torch.randn(1, seqlen_k, q.size(2), 128, device=args.device, dtype=q.dtype) for _ in range(2))
+        try:
+            with torch.no_grad():
+                fn = lambda: flashop.flash_attn_func(q, k, v, causal=causal, window_size=window_size)  # noqa: E731
+                fn()
+                times[name] = median_ms(fn, args.device)
+        except (RuntimeError, NotImplementedError) as err:
+            print(f"  window cost: {name} failed: {str(err).splitlines()[0]}")
+    return [dict(case=name, ms=_json_ms(ms)) for name, ms in times.items()]
+
+
+def variants_section(report: dict, heading: str = "##") -> str:
+    u = unit(report)
+    lines = [f"{heading}# Attention variants", "",
+             "Causal, with a window, softcap, ALiBi or sinks, against FlexAttention (`torch.compile`d "
+             "`flex_attention` with the equivalent block mask and score mod; sinks through its lse) in the same "
+             f"process. {u} count the visible (query, key) pairs only.", ""]
+    head = ["variant", "mode", "dtype", "d", "seqlen", "batch x heads", f"flashop {u}", f"Flex {u}", "vs Flex"]
+    rows = []
+    per_second = 1e12 if report["device"] == "cuda" else 1e9
+
+    def speed(r, impl):
+        ms = r["ms"].get(impl)
+        return r["flops"] / (ms * 1e-3) / per_second if ms else None
+
+    for r in report["variants"]:
+        ms_ours, ms_flex = r["ms"].get("flashop"), r["ms"].get("flex")
+        ratio = ms_flex / ms_ours if ms_ours and ms_flex else None
+        rows.append([r["variant"], r["mode"], r["dtype"], str(r["headdim"]), str(r["seqlen_q"]),
+                     f"{r['batch']}x{r['heads']}", _fmt(speed(r, "flashop"), ".1f"), _fmt(speed(r, "flex"), ".1f"),
+                     _fmt(ratio, ".2f")])
+    lines += _table(head, rows) + [""]
+    cost = {r["case"]: r["ms"] for r in report.get("window_cost", [])}
+    if cost.get("window 4k") and cost.get("dense 4k keys"):
+        lines += [f"Cost follows the window: causal 32k keys with a 4k window {cost['window 4k']:.3f} ms, dense "
+                  f"32k queries x 4k keys {cost['dense 4k keys']:.3f} ms "
+                  f"({cost['window 4k'] / cost['dense 4k keys']:.2f}x).", ""]
+    return "\n".join(lines)
+
+
 # --- the report: a JSON-able dict per device, rendered to markdown and a plot ------------------------------
 
 
@@ -324,6 +518,10 @@ def device_section(report: dict, heading: str = "##") -> str:
              "ratios > 1: flashop faster.", ""]
     if report.get("config"):
         lines[-1:-1] = [f"flashop forced to run `{report['config']}` (not the policy's pick).", ""]
+    if report.get("variants"):
+        lines += [variants_section(report, heading), ""]
+    if not report["results"]:
+        return "\n".join(lines)
     modes = _modes(report)
     dtypes = list(dict.fromkeys(r["dtype"] for r in report["results"]))
 
@@ -491,6 +689,11 @@ def parse_args(argv=None):
                    "(no benchmark)")
     p.add_argument("--slug", help="the device's short name in --write-docs file names (default: from its name, "
                    "e.g. h100; cpu)")
+    p.add_argument("--variants", action="store_true", help="also time windows, softcap, ALiBi and sinks against "
+                   "FlexAttention (first of --dtypes/--headdims/--seqlens, default bf16 d128 8k; --modes), and "
+                   "the window's cost against a dense problem with as many keys per query")
+    p.add_argument("--batch-variants", type=int, default=4, help="batch of the variant cases (default 4)")
+    p.add_argument("--no-sweep", action="store_true", help="skip the dense sweep (with --variants)")
     args = p.parse_args(argv)
     args.tokens = args.tokens or (32768 if args.device == "cuda" else 4096)
     args.rounds = args.rounds or (3 if args.device == "cuda" else 1)
@@ -512,9 +715,12 @@ def main(argv=None):
         peers, cases = ["torch"], list(cpu_cases(args))
     from tqdm import tqdm
 
-    results = [run_case(c, args.device, peers, args.config, args.rounds)
-               for c in tqdm(cases, desc=f"bench {args.device}")]
+    results = [] if args.no_sweep else [run_case(c, args.device, peers, args.config, args.rounds)
+                                        for c in tqdm(cases, desc=f"bench {args.device}")]
     report = make_report(results, args, peers)
+    if args.variants:
+        report["variants"] = run_variant_cases(args)
+        report["window_cost"] = window_cost_rows(args) if args.device == "cuda" else []
     print(device_section(report, heading="#"))
     if args.out_dir:
         write_report(report, args.out_dir, f"bench_{args.device}", markdown=True)

@@ -108,3 +108,27 @@ def test_tiny_cpu_benchmark_end_to_end(tmp_path):
     assert fwd[:5] == ["fp32", "64", "False", "128", "2x2"]
     assert float(fwd[-1]) == pytest.approx(results[0].ms["torch"] / results[0].ms["flashop"], abs=0.01)
     assert os.path.getsize(tmp_path / "bench_cpu.png") > 1000
+
+
+def test_variant_flops_count_the_visible_pairs():
+    assert bench.visible_pairs(100, 100, True, -1, -1) == 100 * 101 // 2
+    assert bench.visible_pairs(100, 100, False, -1, -1) == 100 * 100
+    # A causal window of 10: 11 keys per row once the window is full, fewer for the first 10 rows.
+    assert bench.visible_pairs(100, 100, True, 10, -1) == sum(min(i, 10) + 1 for i in range(100))
+    # Sq < Sk, bottom-right aligned: row i sees keys up to i + 50.
+    assert bench.visible_pairs(50, 100, True, -1, -1) == sum(i + 51 for i in range(50))
+    case = bench.VariantCase("window 1024", "bf16", 128, 8192, 8192, 4, 16, "fwd")
+    pairs = sum(min(i, 1024) + 1 for i in range(8192))
+    assert case.flops() == 4.0 * 4 * 16 * pairs * 128
+
+
+def test_variants_section_ratios():
+    report = dict(cpu_report(), results=[], variants=[
+        dict(variant="ALiBi", dtype="bf16", headdim=64, seqlen_q=512, seqlen_k=512, batch=1, heads=4, mode="fwd",
+             flops=2e9, ms={"flashop": 10.0, "flex": 30.0}),
+        dict(variant="sinks", dtype="bf16", headdim=64, seqlen_q=512, seqlen_k=512, batch=1, heads=4, mode="fwd",
+             flops=2e9, ms={"flashop": 10.0}),
+    ])
+    markdown = bench.device_section(report)
+    assert "| ALiBi | fwd | bf16 | 64 | 512 | 1x4 | 200.0 | 66.7 | 3.00 |" in markdown
+    assert "| sinks | fwd | bf16 | 64 | 512 | 1x4 | 200.0 | - | - |" in markdown

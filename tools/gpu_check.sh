@@ -21,6 +21,8 @@
 #             CUDNN_ATTENTION backends, written to $OUT/docs/ (bench_<device>.json and .png, and benchmarks.md
 #             rendered with the other devices' JSON files from docs/). Copy those three files into docs/.
 #             BENCH_ARGS adds flashop.bench arguments (e.g. "--modes fwd --headdims 128"). $OUT/bench.log.
+#   variants  windows, softcap, ALiBi and sinks against FlexAttention, and the window's cost
+#             (flashop.bench --variants --no-sweep; BENCH_ARGS applies) into $OUT/bench_cuda.{md,json}.
 #   quick     a short benchmark (bf16, d64/d128, seqlens 1k/4k/16k, fwd) into $OUT/bench_cuda.{md,json,png};
 #             BENCH_ARGS applies here too.
 #   compare   every candidate config timed per shape, relative to the fastest (flashop.tune --dry-run, no cache
@@ -38,7 +40,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 usage() { sed -n '2,/^set -uo/{/^#/{s/^# \{0,1\}//;p}}' "$0"; }
-known=" prebuilt build pack test sanitize bench quick compare policy fa2 profile "
+known=" prebuilt build pack test sanitize bench variants quick compare policy fa2 profile "
 for arg in "$@"; do
   case "$arg" in
     -h|--help) usage; exit 0 ;;
@@ -104,6 +106,11 @@ if has bench; then
     > "$OUT/bench.log" 2>&1 || status=1
   grep -v "it/s\]" "$OUT/bench.log" | tail -40
   ls -l "$OUT/docs"
+fi
+if has variants; then
+  step "variants vs FlexAttention"
+  python3 -m flashop.bench --device cuda --variants --no-sweep --out-dir "$OUT" ${BENCH_ARGS:-} 2>&1 \
+    | grep -v "it/s\]" | tail -20
 fi
 if has quick; then
   step "quick bench"
