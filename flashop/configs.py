@@ -577,6 +577,14 @@ class HopperConfig:
         return self.persistent and not self.tma_store
 
     @property
+    def supports_variants(self) -> bool:
+        """Built with the attention variants (window, softcap, alibi_slopes, sinks; a second instantiation of
+        the kernel, run only when a call asks for one): every Hopper forward config except the one-tile-per-CTA
+        kernels at B_c = 192 ('bc192.tmao', 'bc192.mc.tmao'), whose variants build spills in the main loop.
+        The others refuse such calls with an error naming the config (Sm90FwdTraits::kSupportsVariants)."""
+        return not (self.block_n == 192 and not self.persistent)
+
+    @property
     def split_tail(self) -> bool:
         """The persistent kernel in the plain tile order (not longest-first) shares the tiles of the last two
         waves out over all CTAs by key tiles when the tiles leave the last wave at least 1% idle (non-causal;

@@ -54,11 +54,57 @@ const Device& hopper_device(const at::Tensor& q, const char* op) {
   return dev;
 }
 
+// The attention variants of a forward call (csrc/attention_variants.h), from arguments that flashop/ops.py
+// has checked and normalised (alibi_slopes and sinks: contiguous float32 on q's device, (Hq,) or (B, Hq)
+// and (Hq,)). Causal is the window (-1, 0): a causal call keeps p.causal (the dense kernels' causal mask)
+// unless a general window comes with it.
+AttentionVariants forward_variants(bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                   const c10::optional<at::Tensor>& alibi_slopes,
+                                   const c10::optional<at::Tensor>& sinks, int64_t heads_q) {
+  AttentionVariants v;
+  TORCH_CHECK(window_left >= -1 && window_right >= -1 && window_left < std::numeric_limits<int>::max() &&
+                  window_right < std::numeric_limits<int>::max(),
+              "flashop.forward (sm90): window bounds must be -1 (unbounded) or non-negative ints");
+  v.window_left = static_cast<int>(window_left);
+  v.window_right = static_cast<int>(causal ? 0 : window_right);
+  v.softcap = softcap > 0.0 ? static_cast<float>(softcap) : 0.f;
+  if (alibi_slopes.has_value() && alibi_slopes->defined()) {
+    const at::Tensor& a = *alibi_slopes;
+    TORCH_CHECK(a.scalar_type() == at::kFloat && a.is_contiguous() && a.is_cuda() &&
+                    (a.dim() == 1 || a.dim() == 2) && a.size(-1) == heads_q,
+                "flashop.forward (sm90): alibi_slopes must be contiguous float32 CUDA of shape (heads_q,) or "
+                "(batch, heads_q)");
+    v.alibi_slopes = a.data_ptr<float>();
+    v.alibi_batch_stride = a.dim() == 2 ? heads_q : 0;
+  }
+  if (sinks.has_value() && sinks->defined()) {
+    const at::Tensor& sk = *sinks;
+    TORCH_CHECK(sk.scalar_type() == at::kFloat && sk.is_contiguous() && sk.is_cuda() && sk.dim() == 1 &&
+                    sk.size(0) == heads_q,
+                "flashop.forward (sm90): sinks must be contiguous float32 CUDA of shape (heads_q,)");
+    v.sinks = sk.data_ptr<float>();
+  }
+  return v;
+}
+
 std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                                           double softmax_scale, bool causal, const std::string& config) {
+                                           double softmax_scale, bool causal, const std::string& config,
+                                           int64_t window_left, int64_t window_right, double softcap,
+                                           const c10::optional<at::Tensor>& alibi_slopes,
+                                           const c10::optional<at::Tensor>& sinks) {
   const AttentionDims dims = check_forward_inputs(q_in, k_in, v_in);
   const DType dt = check_cuda_inputs(q_in, softmax_scale, kFwd, "sm90");
   const Sm90FwdKernel& kernel = forward_kernel(config);
+  const AttentionVariants variants =
+      forward_variants(causal, window_left, window_right, softcap, alibi_slopes, sinks, dims.heads_q);
+  const bool use_variants = sm90::fwd_variants_requested(variants);
+  TORCH_CHECK(!use_variants || kernel.supports_variants, "flashop.forward: kernel config '", config,
+              "' is built without the attention variants (window, softcap, alibi_slopes, sinks); "
+              "its HopperConfig.supports_variants is False. Pick another config or config=None.");
+  // The kernels keep scores in units of score / softmax_scale; a zero scale (run as the smallest normal
+  // float) would overflow the softcap and ALiBi factors there.
+  TORCH_CHECK(softmax_scale != 0.0 || (variants.softcap == 0.f && variants.alibi_slopes == nullptr),
+              "flashop.forward (sm90): softmax_scale = 0 with softcap or alibi_slopes is not supported");
 
   c10::cuda::CUDAGuard guard(q_in.device());
   const Device& dev = hopper_device(q_in, kFwd);
@@ -66,14 +112,22 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Ten
                     q_in.device());
 
   at::Tensor out, lse;
-  if (allocate_forward_outputs(q_in, dims, out, lse)) return {out, lse};
+  if (allocate_forward_outputs(q_in, dims, out, lse)) {
+    // No keys (Sk = 0): every row's lse is its head's sink, when there are sinks.
+    if (variants.sinks != nullptr && lse.numel() > 0) lse.copy_(sinks->view({1, dims.heads_q, 1}).expand_as(lse));
+    return {out, lse};
+  }
   check_forward_sizes(dims, "sm90");
 
   double scale = softmax_scale;  // positive only: see fold_scale_into_q
   const at::Tensor q = readable(fold_scale_into_q(q_in, scale), kTmaStrides);
   const at::Tensor k = readable(k_in, kTmaStrides);
   const at::Tensor v = readable(v_in, kTmaStrides);
-  const FwdParams p = make_fwd_params(q, k, v, out, lse, dims, scale, causal);
+  FwdParams p = make_fwd_params(q, k, v, out, lse, dims, scale, causal);
+  p.variants = variants;
+  // p.causal is exactly the window (-1, 0) (the dense kernels' causal mask): a general window is not plain
+  // causal, and the window (-1, 0) is, however it was asked for.
+  p.causal = !variants.local() && variants.window_right == 0;
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
   // The persistent kernels' split tail, the one-tile-per-CTA kernels' split last wave and "pers.dyn" need a
@@ -87,6 +141,8 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Ten
   if (plan.workspace_bytes > 0)
     workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, q.options().dtype(at::kByte));
   err = kernel.launch(p, plan, plan.workspace_bytes > 0 ? workspace.data_ptr() : nullptr, stream);
+  TORCH_CHECK(err != cudaErrorNotSupported, "flashop.forward: kernel config '", kernel.name,
+              "' does not run the attention variants (window, softcap, alibi_slopes, sinks)");
   TORCH_CHECK(err == cudaSuccess, "flashop.forward: launching kernel '", kernel.name, "' failed: ",
               cudaGetErrorString(err));
   return {out, lse};
@@ -158,9 +214,12 @@ PYBIND11_MODULE(_C_sm90, m) {
   namespace glue = flashop::glue;
   m.doc() = "flashop Hopper (sm_90a) kernels: TMA + wgmma + warp specialisation (forward, backward)";
   m.def("forward", &glue::forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("softmax_scale"),
-        py::arg("causal"), py::arg("config"),
+        py::arg("causal"), py::arg("config"), py::arg("window_left") = -1, py::arg("window_right") = -1,
+        py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
         "FlashAttention forward on sm_90a. Arguments and result as flashop._C.forward; config: a name from "
-        "built_forward_configs().");
+        "built_forward_configs(). window_left / window_right (-1: unbounded; causal is (-1, 0)), softcap "
+        "(0: off), alibi_slopes (float32 (heads_q,) or (batch, heads_q)) and sinks (float32 (heads_q,)): "
+        "csrc/attention_variants.h; a config whose HopperConfig.supports_variants is False refuses them.");
   m.def("built_forward_configs", &glue::built_forward_configs,
         "Names of the sm90 forward kernel configs compiled into this module, in registry order.");
   m.def("forward_config_smem", &glue::forward_config_smem, py::arg("name"),

@@ -113,27 +113,89 @@ __device__ __forceinline__ void fwd_consumer(const FwdSmem<T> smem, FwdTileSched
     issue_pv_wgmma<T, kBN / 16>(o, pa, smem.sV + s * T::kKVBytes);
   };
   // Keys of the tile's last key tile that some row of this warpgroup sees (<= 0: none; its P is
-  // then all 0). Computed where needed rather than kept live through the loop.
+  // then all 0). Computed where needed rather than kept live through the loop. T::kVariants: the
+  // right window bound in place of the diagonal (the left one never narrows the last tile).
   auto last_tile_keys = [&]() {
     int key_end = p.seqlen_k;
-    if (p.causal) key_end = min(key_end, min(q_tile * kBM + 64 * c + 63, p.seqlen_q - 1) + diag + 1);
+    if constexpr (T::kVariants) {
+      const int wr = p.variants.window_right;
+      if (wr >= 0) key_end = min(key_end, min(q_tile * kBM + 64 * c + 63, p.seqlen_q - 1) + diag + wr + 1);
+    } else {
+      if (p.causal) key_end = min(key_end, min(q_tile * kBM + 64 * c + 63, p.seqlen_q - 1) + diag + 1);
+    }
     return key_end - (key_tile0 + n_tiles - 1) * kBN;
   };
   // Keys past Sk, and (causal) keys past the diagonal, become -inf.
+  // T::kVariants: keys outside the window, i.e. right of row + diag + window_right or left of
+  // row + diag - window_left (a bound of -1: none; causal is (-1, 0)). Only a tile that crosses an
+  // edge for some row of this warp is masked: the right edge if its last key is right of a row's bound,
+  // the left edge if its first key is left of a row's bound. Key key0 + col_base + t (t = 8i + e, a
+  // constant) of row h is visible iff lo <= t <= hi.
   auto mask = [&](float (&sacc)[kBN / 2], int j) {
     const int key0 = (key_tile0 + j) * kBN;
-    const bool need_mask = (key0 + kBN > p.seqlen_k) ||
-                           (p.causal && key0 + kBN - 1 > q_tile * kBM + 64 * c + diag);
-    if (need_mask) {
+    if constexpr (T::kVariants) {
+      const int wl = p.variants.window_left, wr = p.variants.window_right;
+      // Decided per warp from its lanes' rows (q_row0 and q_row0 + 8, live anyway): a tile-uniform bound
+      // from the warpgroup's first row would be one more register through the loop.
+      const bool edge =
+          (wr >= 0 && key0 + kBN - 1 > q_row0 + diag + wr) || (wl >= 0 && key0 < q_row0 + 8 + diag - wl);
+      const bool need_mask = (key0 + kBN > p.seqlen_k) || __any_sync(0xffffffffu, edge);
+      if (need_mask) {
+        // Tile-uniform parts of the bounds (relative to key0) apart from the thread's row and column.
+        const int right = wr >= 0 ? diag + wr - key0 : p.seqlen_k;
+        const int left = wl >= 0 ? diag - wl - key0 : -p.seqlen_q - kBM;
+        // col_base again from %laneid: ptxas would otherwise hoist q_row0 - col_base out of the loop
+        // into a register of its own (spilled in the d256 B_c = 80 kernel).
+        const int col = 2 * (lane_id_volatile() % 4);
 #pragma unroll
-      for (int i = 0; i < kBN / 8; ++i) {
+        for (int h = 0; h < 2; ++h) {  // one row at a time: two bounds live, not four
+          const int x = q_row0 + 8 * h - col;
+          const int hi = min(p.seqlen_k - 1 - key0 - col, x + right);
+          const int lo = x + left;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = key0 + 8 * i + col_base + (e & 1);
-          const int row = q_row0 + 8 * (e >> 1);
-          const bool bad = key >= p.seqlen_k || (p.causal && key > row + diag);
-          if (bad) sacc[4 * i + e] = -INFINITY;
+          for (int i = 0; i < kBN / 8; ++i) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int t = 8 * i + e;
+              if (t < lo || t > hi) sacc[4 * i + 2 * h + e] = -INFINITY;
+            }
+          }
         }
+      }
+    } else {
+      const bool need_mask = (key0 + kBN > p.seqlen_k) ||
+                             (p.causal && key0 + kBN - 1 > q_tile * kBM + 64 * c + diag);
+      if (need_mask) {
+#pragma unroll
+        for (int i = 0; i < kBN / 8; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = key0 + 8 * i + col_base + (e & 1);
+            const int row = q_row0 + 8 * (e >> 1);
+            const bool bad = key >= p.seqlen_k || (p.causal && key > row + diag);
+            if (bad) sacc[4 * i + e] = -INFINITY;
+          }
+        }
+      }
+    }
+  };
+  // T::kVariants: softcap and ALiBi on S, before the mask (tanh would turn a masked -inf into a finite
+  // score). The loop keeps raw scores q.k (the softmax scale is applied in exp2 and in lse = m * scale +
+  // ln l), so both act in those units: score / scale = (softcap / scale) tanh(q.k * scale / softcap)
+  // - (slope / scale) |row + diag - key| (softmax.cuh). Nothing of them stays in a register through the
+  // loop (the B_c = 192 and d256 consumers have none to spare): the softcap factors come from the params
+  // at each tile (a reciprocal per tile), the slope from global memory (an L1 hit after the first tile),
+  // and the column within the quad from %laneid (volatile, so that it is not hoisted out of the loop).
+  auto score_mods = [&](float (&sacc)[kBN / 2], int j) {
+    if constexpr (T::kVariants) {
+      const float softcap = p.variants.softcap;
+      if (softcap > 0.f) apply_softcap<kBN>(sacc, p.scale / softcap, softcap / p.scale);
+      const float* slopes = p.variants.alibi_slopes;
+      if (slopes != nullptr) {
+        const float slope = __ldg(slopes + batch * p.variants.alibi_batch_stride + head) / p.scale;
+        // key - row - diag of the thread's element 0 (column 2 (lane % 4), row q_row0)
+        const int rel = (key_tile0 + j) * kBN + 2 * (lane_id_volatile() % 4) - q_row0 - diag;
+        apply_alibi<kBN>(sacc, slope, static_cast<float>(rel));
       }
     }
   };
@@ -250,6 +312,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdSmem<T> smem, FwdTileSched
       if constexpr (kQFreeAfterLastS) {
         if (n_tiles == 1) release(smem.bar_q_empty(smem.q_pair(k, c)));  // the tile's last read of Q
       }
+      score_mods(sacc, 0);
       mask(sacc, 0);
       softmax(sacc, corr);  // O is still 0: no rescale needed
       convert_p(sacc, pa);
@@ -284,6 +347,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdSmem<T> smem, FwdTileSched
           turn_ready = mbar_test_wait(smem.bar_full_k(gn % T::kStages), (gn / T::kStages) & 1);
           turn_ready = mbar_test_wait(smem.bar_full_v(s), (g / T::kStages) & 1) && turn_ready;
         }
+        score_mods(sacc, j);
         mask(sacc, j);
         softmax(sacc, corr);
         wgmma_wait<0>();    // PV done: O and P_{j-1} free again, and V_{j-1}'s slot

@@ -156,6 +156,29 @@ struct FwdEpilogue {
     return true;
   }
 
+  // T::kVariants: row h's lse (natural log) and, with sinks, its normaliser inv (O *= inv), from the
+  // quad's sum and `seen` = sum > 0. The sink (score units) is one more term of the row's denominator,
+  // folded in here, after any split part's merge (which therefore counts it exactly once). With
+  // ms = m * scale, mx = max(ms, sink): lse = mx + log(sum exp(ms - mx) + exp(sink - mx)), and
+  // O / (sum + exp(sink - ms)) = O * exp(ms - mx) / (sum exp(ms - mx) + exp(sink - mx)). No visible
+  // key: inv = 0 (as without sinks), lse = sink. (The dense kernel keeps its own expressions inline.)
+  __device__ __forceinline__ void variants_row(int h, float sum, bool seen, float& inv, float& lse_row) const {
+    lse_row = seen ? m[h] * p.scale + __logf(sum) : -INFINITY;
+    if (p.variants.sinks != nullptr) {
+      const float sink = p.variants.sinks[sched.head];
+      if (!seen) {
+        lse_row = sink;
+      } else {
+        const float ms = m[h] * p.scale;
+        const float mx = fmaxf(ms, sink);
+        const float own = __expf(ms - mx);
+        const float total = sum * own + __expf(sink - mx);
+        lse_row = mx + __logf(total);
+        inv = own / total;
+      }
+    }
+  }
+
   // O /= l and lse from registers straight to global memory (rows < Sq, columns < headdim: n8 block i
   // holds columns 8i .. 8i+7 and headdim is a multiple of 8, so one uniform compare per block).
   __device__ __forceinline__ void store_o_regs(float* lse) const {
@@ -167,7 +190,9 @@ struct FwdEpilogue {
       const int row = q_row0 + 8 * h;
       const float sum = quad_sum(l[h]);
       const bool seen = sum > 0.f;  // no visible key: out = 0, lse = -inf
-      const float inv = seen ? 1.f / sum : 0.f;
+      float inv = seen ? 1.f / sum : 0.f;
+      float lse_row = 0.f;
+      if constexpr (T::kVariants) variants_row(h, sum, seen, inv, lse_row);
       if (row < p.seqlen_q) {
         Elem* orow = out + static_cast<int64_t>(row) * p.o_row_stride;
 #pragma unroll
@@ -175,7 +200,7 @@ struct FwdEpilogue {
           const uint32_t v = pack2<T::kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
           if (i < n8) *reinterpret_cast<uint32_t*>(orow + 8 * i + col_base) = v;
         }
-        if ((lane % 4) == 0) lse[row] = seen ? m[h] * p.scale + __logf(sum) : -INFINITY;
+        if ((lane % 4) == 0) lse[row] = T::kVariants ? lse_row : seen ? m[h] * p.scale + __logf(sum) : -INFINITY;
       }
     }
   }
@@ -217,7 +242,9 @@ struct FwdEpilogue {
       const int r = 16 * warp + lane / 4 + 8 * h;  // row within this warpgroup's 64
       const float sum = quad_sum(l[h]);
       const bool seen = sum > 0.f;  // no visible key: out = 0, lse = -inf
-      const float inv = seen ? 1.f / sum : 0.f;
+      float inv = seen ? 1.f / sum : 0.f;
+      float lse_row = 0.f;
+      if constexpr (T::kVariants) variants_row(h, sum, seen, inv, lse_row);
 #pragma unroll
       for (int i = 0; i < kD / 8; ++i) {
         const uint32_t v = pack2<T::kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
@@ -226,7 +253,7 @@ struct FwdEpilogue {
         st_shared_b32(addr, v);
       }
       if (row < p.seqlen_q && (lane % 4) == 0)
-        lse[row] = seen ? m[h] * p.scale + __logf(sum) : -INFINITY;
+        lse[row] = T::kVariants ? lse_row : seen ? m[h] * p.scale + __logf(sum) : -INFINITY;
     }
     // Every writer: its st.shared before the async proxy's reads; then all
     // 128 threads of this warpgroup (bar 3 + c; 1 and 2 are the turns).

@@ -75,6 +75,11 @@
 // swizzle at D = 96, 160, 224 (fwd_traits.cuh). The true head dimension (a multiple of 8 up to D) is a
 // run-time value: the TMA maps zero-fill the columns past it and the stores drop them.
 //
+// Attention variants (windows, softcap, ALiBi, sinks; csrc/attention_variants.h): a second instantiation
+// of the same kernel, Sm90FwdVariants<T> (fwd_traits.cuh), run only for calls that ask for one; the
+// window's key-tile range (fwd_scheduler.cuh key_tile_range), masks and score modifiers
+// (fwd_consumer.cuh) and sinks (fwd_epilogue.cuh) are compiled into it alone.
+//
 // Files, by role (FlashAttention-3's split): fwd_traits.cuh (the config, the shared-memory layout),
 // fwd_scheduler.cuh (which tiles and key tiles a CTA runs, in which order), fwd_producer.cuh (the
 // TMA loads and the K/V ring), fwd_consumer.cuh (the wgmma + softmax main loop), fwd_epilogue.cuh

@@ -48,7 +48,8 @@ struct StreamKPlan {
 template <class T>
 StreamKPlan stream_k_plan(const FwdParams& p, int64_t tiles, int grid) {
   StreamKPlan plan;
-  if (!T::kStreamK || p.causal || p.seqlen_k <= 0 || tiles <= grid) return plan;
+  // Windows give tiles key ranges of their own (the split assumes one range 0 .. n-1 for all tiles).
+  if (!T::kStreamK || p.causal || p.variants.local() || p.seqlen_k <= 0 || tiles <= grid) return plan;
   const int64_t waves = tiles / grid, rest = tiles % grid;
   const int64_t key_tiles = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   // Idle share of the plain schedule: (grid - rest) tile slots of (waves + 1) * grid.
@@ -87,7 +88,8 @@ struct SplitTailPlan {
 template <class T>
 cudaError_t split_tail_plan(const FwdParams& p, SplitTailPlan* plan) {
   *plan = SplitTailPlan{};
-  if (!T::kSplitTail || p.causal || p.seqlen_k <= 0) return cudaSuccess;
+  // Windows give tiles key ranges of their own (pieces are cut from one range 0 .. n-1 for all tiles).
+  if (!T::kSplitTail || p.causal || p.variants.local() || p.seqlen_k <= 0) return cudaSuccess;
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -131,7 +133,8 @@ cudaError_t plan_fwd(const FwdParams& p, Sm90FwdPlan* plan) {
   // Multicast configs run as clusters of two adjacent query tiles of one head when both walk the same
   // key tiles (non-causal) and the tiles pair up (an even count); then each CTA's K/V box is half a
   // tile (fwd_kernel.cuh). Otherwise they launch as the plain one-tile-per-CTA kernel.
-  plan->cluster_pairs = T::kMulticast && !p.causal && q_tiles % 2 == 0;
+  // (A window gives adjacent query tiles different key tiles, as causal masking does.)
+  plan->cluster_pairs = T::kMulticast && !p.causal && !p.variants.local() && q_tiles % 2 == 0;
   plan->grid = dim3(q_tiles, p.heads_q, p.batch);
   if constexpr (T::kSplitTail) {
     SplitTailPlan split;
@@ -174,38 +177,20 @@ cudaError_t plan_fwd(const FwdParams& p, Sm90FwdPlan* plan) {
   return cudaSuccess;
 }
 
-template <class T>
-cudaError_t launch_fwd(const FwdParams& params, const Sm90FwdPlan& plan, void* workspace, cudaStream_t stream) {
-  if (params.headdim > T::kHeadDim || params.headdim % 8 != 0 || params.headdim < 8) return cudaErrorInvalidValue;
-  if (plan.workspace_bytes > 0 && workspace == nullptr) return cudaErrorInvalidValue;
-  FwdParams p = params;
-  p.stream_k = plan.stream_k;
-  p.stream_k_tile0 = plan.stream_k_tile0;
-  p.split_tiles = plan.split_tiles;
-  p.split_pieces = plan.split_pieces;
-  if (plan.workspace_bytes > 0) p.workspace = workspace;
+// The kernel launch proper, for the dense traits T or their variants build Sm90FwdVariants<T> (the same
+// maps, grid and shared memory).
+template <class K>
+cudaError_t launch_kernel(const FwdParams& p, const Sm90FwdPlan& plan, const CUtensorMap& tq, const CUtensorMap& tk,
+                          const CUtensorMap& tv, cudaStream_t stream) {
   const bool cluster_pairs = plan.cluster_pairs;
   const dim3 grid = plan.grid;
-  const int kv_box_rows = cluster_pairs ? T::kKVHalfRows : T::kBlockN;
-  CUtensorMap tq, tk, tv;
-  cudaError_t err = encode_bshd(&tq, T::kBf16, p.q, p.batch, p.seqlen_q, p.heads_q, p.headdim,
-                                p.q_batch_stride, p.q_row_stride, p.q_head_stride, T::kQBoxRows, T::kColBlock);
-  if (err == cudaSuccess)
-    err = encode_bshd(&tk, T::kBf16, p.k, p.batch, p.seqlen_k, p.heads_k, p.headdim,
-                      p.k_batch_stride, p.k_row_stride, p.k_head_stride, kv_box_rows, T::kColBlock);
-  if (err == cudaSuccess)
-    err = encode_bshd(&tv, T::kBf16, p.v, p.batch, p.seqlen_k, p.heads_k, p.headdim,
-                      p.v_batch_stride, p.v_row_stride, p.v_head_stride, kv_box_rows, T::kColBlock);
-  if (err == cudaSuccess && plan.zero_bytes > 0)
-    err = cudaMemsetAsync(static_cast<char*>(workspace) + plan.zero_offset, 0, plan.zero_bytes, stream);
-  if (err != cudaSuccess) return err;
-
-  if constexpr (!T::kTmaStore) {
-    auto kernel = fwd_kernel_sm90<T>;
+  cudaError_t err = cudaSuccess;
+  if constexpr (!K::kTmaStore) {
+    auto kernel = fwd_kernel_sm90<K>;
     // The attribute is per device; setting it on every launch is cheap and safe.
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
     if (err != cudaSuccess) return err;
-    kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, p);
+    kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, p);
   } else {
     // O: always a fresh contiguous (B, Sq, Hq, headdim) tensor (allocate_forward_outputs),
     // 16-byte aligned, strides (Sq*Hq*headdim, Hq*headdim, headdim) elements: multiples of 16 bytes.
@@ -214,13 +199,13 @@ cudaError_t launch_fwd(const FwdParams& params, const Sm90FwdPlan& plan, void* w
     // next row); box = 64 rows x kColBlock columns, one per consumer warpgroup and column block; same
     // swizzle as the loads (the kernel stages O in that layout).
     CUtensorMap to;
-    err = encode_bshd(&to, T::kBf16, p.out, p.batch, p.seqlen_q, p.heads_q, p.headdim,
-                      p.o_batch_stride, p.o_row_stride, p.o_head_stride, T::kOStageRows, T::kColBlock);
+    err = encode_bshd(&to, K::kBf16, p.out, p.batch, p.seqlen_q, p.heads_q, p.headdim,
+                      p.o_batch_stride, p.o_row_stride, p.o_head_stride, K::kOStageRows, K::kColBlock);
     if (err != cudaSuccess) return err;
-    auto kernel = fwd_kernel_sm90_tmao<T>;
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+    auto kernel = fwd_kernel_sm90_tmao<K>;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
     // B_r = 64 is sized for two or three CTAs per SM: ask for the largest shared-memory carveout so they fit.
-    if (err == cudaSuccess && T::kCtasPerSm > 1)
+    if (err == cudaSuccess && K::kCtasPerSm > 1)
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared);
     if (err != cudaSuccess) return err;
@@ -234,16 +219,48 @@ cudaError_t launch_fwd(const FwdParams& params, const Sm90FwdPlan& plan, void* w
       cluster.val.clusterDim.z = 1;
       cudaLaunchConfig_t config = {};
       config.gridDim = grid;
-      config.blockDim = dim3(T::kThreads);
-      config.dynamicSmemBytes = T::kSmemBytes;
+      config.blockDim = dim3(K::kThreads);
+      config.dynamicSmemBytes = K::kSmemBytes;
       config.stream = stream;
       config.attrs = &cluster;
       config.numAttrs = 1;
       return cudaLaunchKernelEx(&config, kernel, tq, tk, tv, to, p);
     }
-    kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, to, p);
+    kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, to, p);
   }
   return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t launch_fwd(const FwdParams& params, const Sm90FwdPlan& plan, void* workspace, cudaStream_t stream) {
+  if (params.headdim > T::kHeadDim || params.headdim % 8 != 0 || params.headdim < 8) return cudaErrorInvalidValue;
+  // A config built without the variants refuses them (the binding names it; configs.py supports_variants).
+  const bool variants = fwd_variants_requested(params.variants);
+  if (variants && !T::kSupportsVariants) return cudaErrorNotSupported;
+  if (plan.workspace_bytes > 0 && workspace == nullptr) return cudaErrorInvalidValue;
+  FwdParams p = params;
+  p.stream_k = plan.stream_k;
+  p.stream_k_tile0 = plan.stream_k_tile0;
+  p.split_tiles = plan.split_tiles;
+  p.split_pieces = plan.split_pieces;
+  if (plan.workspace_bytes > 0) p.workspace = workspace;
+  const int kv_box_rows = plan.cluster_pairs ? T::kKVHalfRows : T::kBlockN;
+  CUtensorMap tq, tk, tv;
+  cudaError_t err = encode_bshd(&tq, T::kBf16, p.q, p.batch, p.seqlen_q, p.heads_q, p.headdim,
+                                p.q_batch_stride, p.q_row_stride, p.q_head_stride, T::kQBoxRows, T::kColBlock);
+  if (err == cudaSuccess)
+    err = encode_bshd(&tk, T::kBf16, p.k, p.batch, p.seqlen_k, p.heads_k, p.headdim,
+                      p.k_batch_stride, p.k_row_stride, p.k_head_stride, kv_box_rows, T::kColBlock);
+  if (err == cudaSuccess)
+    err = encode_bshd(&tv, T::kBf16, p.v, p.batch, p.seqlen_k, p.heads_k, p.headdim,
+                      p.v_batch_stride, p.v_row_stride, p.v_head_stride, kv_box_rows, T::kColBlock);
+  if (err == cudaSuccess && plan.zero_bytes > 0)
+    err = cudaMemsetAsync(static_cast<char*>(workspace) + plan.zero_offset, 0, plan.zero_bytes, stream);
+  if (err != cudaSuccess) return err;
+  if constexpr (T::kSupportsVariants) {
+    if (variants) return launch_kernel<Sm90FwdVariants<T>>(p, plan, tq, tk, tv, stream);
+  }
+  return launch_kernel<T>(p, plan, tq, tk, tv, stream);
 }
 
 }  // namespace sm90

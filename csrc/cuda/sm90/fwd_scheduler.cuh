@@ -35,6 +35,34 @@ __device__ __forceinline__ int num_key_tiles(const FwdParams& p, int q_tile) {
   return key_end <= 0 ? 0 : (key_end + T::kBlockN - 1) / T::kBlockN;
 }
 
+// The key tiles of query tile q_tile: first .. first + count - 1 (identical for producer and consumers).
+// Dense kernel: key tiles 0 .. num_key_tiles - 1. T::kVariants: the tiles that hold a key some row of
+// the tile sees through the window (csrc/attention_variants.h; causal is the window (-1, 0)): with
+// off = Sk - Sq, rows r0 .. r1 see keys r0 + off - window_left .. r1 + off + window_right, one run
+// without holes (row i's run is its predecessor's shifted by one), clipped to 0 .. Sk-1. No key at
+// all: count 0 (the tile writes out = 0 and lse = -inf, or the sink).
+template <class T>
+__device__ __forceinline__ void key_tile_range(const FwdParams& p, int q_tile, int& first, int& count) {
+  if constexpr (!T::kVariants) {
+    first = 0;
+    count = num_key_tiles<T>(p, q_tile);
+  } else {
+    const int wl = p.variants.window_left, wr = p.variants.window_right;
+    const int off = p.seqlen_k - p.seqlen_q;
+    const int r0 = q_tile * T::kBlockM;
+    const int r1 = min(r0 + T::kBlockM, p.seqlen_q) - 1;
+    const int key_begin = wl >= 0 ? max(r0 + off - wl, 0) : 0;
+    const int key_end = wr >= 0 ? min(r1 + off + wr + 1, p.seqlen_k) : p.seqlen_k;
+    if (key_end <= key_begin) {
+      first = 0;
+      count = 0;
+    } else {
+      first = key_begin / T::kBlockN;
+      count = (key_end + T::kBlockN - 1) / T::kBlockN - first;
+    }
+  }
+}
+
 // A work item's role: a whole tile (key tiles 0 .. n_tiles-1), or a part of a split tile (see walk).
 constexpr int kWholeTile = 0, kPartOut = 1, kPartIn = 2;
 
@@ -46,7 +74,7 @@ struct FwdTileScheduler {
   // The current tile. Non-persistent: one per CTA, highest query tiles first
   // (under causal masking they see the most keys).
   int q_tile = 0, head = 0, batch = 0, n_tiles = 0;
-  int key_tile0 = 0;  // the first key tile of the work item (> 0 only for a split tile's later parts)
+  int key_tile0 = 0;  // the first key tile of the work item (> 0 for a split tile's later parts, or a window)
 
   // The host guarantees n_q_tiles * Hq * B + gridDim.x < 2^31. set_tile runs only for t < total_tiles,
   // hence n_q_tiles >= 1 and Hq * B <= total_tiles: no product below overflows.
@@ -70,8 +98,7 @@ struct FwdTileScheduler {
       batch = hb / p.heads_q;
       head = hb - batch * p.heads_q;
     }
-    n_tiles = num_key_tiles<T>(p, q_tile);
-    key_tile0 = 0;
+    key_tile_range<T>(p, q_tile, key_tile0, n_tiles);
   }
 
   // A persistent CTA's work items, in order; item(role) runs once the tile variables above are set.
@@ -91,6 +118,8 @@ struct FwdTileScheduler {
   //     flag, merges its partial into its own and writes O and lse.
   // CTA b only ever waits for CTA b-1, which raised its flag after its first split item, so the waits
   // form a chain that ends at CTA 0 (which never waits); the grid is at most one CTA per SM.
+  // The launcher never splits a windowed problem (stream_k_plan): softcap, ALiBi and sinks leave every
+  // tile's key range at 0 .. n-1, so the split part's units are those of the dense kernel.
   // One call site of item (the tile body is inlined once).
   template <class Item>
   __device__ void walk(Item&& item) {
@@ -135,7 +164,8 @@ struct FwdTileScheduler {
   // masking they see the most keys). Split last wave (T::kSplitTail and p.stream_k, non-causal): a 1-D
   // grid, CTA b < stream_k_tile0 runs tile b whole (the plain order, set_tile), the CTAs after it run
   // the pieces of the tiles from stream_k_tile0 on: piece i of k = split_pieces holds key tiles
-  // [i n / k, (i + 1) n / k) of the tile's n. Launched in clusters of two (multicast), a cluster runs
+  // [i n / k, (i + 1) n / k) of the tile's n (never for a windowed problem: split_tail_plan; its tiles
+  // start at key tile 0). Launched in clusters of two (multicast), a cluster runs
   // the same piece of two adjacent tiles (one head: the tile count per head is even), so both CTAs
   // walk the same key tiles; stream_k_tile0 is even then and b % 2 is the CTA's rank.
   // (piece, split tile index) of a piece CTA, decoded again where needed rather than kept live
@@ -169,7 +199,7 @@ struct FwdTileScheduler {
       q_tile = gridDim.x - 1 - blockIdx.x;
       head = blockIdx.y;
       batch = blockIdx.z;
-      n_tiles = num_key_tiles<T>(p, q_tile);
+      key_tile_range<T>(p, q_tile, key_tile0, n_tiles);
     }
   }
 };

@@ -30,6 +30,15 @@ struct Sm90FwdTraits {
   // global counter (atomicAdd) and hands the tile number to its consumers with the tile's Q (see
   // fwd_producer.cuh), so CTAs that drew short (causal) tiles simply take more of them.
   static constexpr bool kDynamic = kDynamic_;
+  // The attention variants (csrc/attention_variants.h: windows, softcap, ALiBi, sinks) are compiled
+  // into a second instantiation of the kernel, Sm90FwdVariants<traits> below, which launch_fwd runs
+  // when a problem asks for any of them: the dense kernel's main loop stays exactly as it was.
+  static constexpr bool kVariants = false;
+  // Whether that build exists for this config (configs.py HopperConfig.supports_variants says the same):
+  // all but the one-tile-per-CTA kernels at B_c = 192 ("bc192.tmao", "bc192.mc.tmao"), whose variants
+  // build spills in the main loop (28 / 60 bytes of spill stores / loads against the dense build's 8 / 12;
+  // their persistent sibling "bc192.pers.rego" does not spill and runs them).
+  static constexpr bool kSupportsVariants = !(kBlockN_ == 192 && !kPersistent_);
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -186,6 +195,14 @@ struct Sm90FwdTraits {
   static constexpr int kConsumerRegs =
       kConsumerWGs == 2 ? 240 : kConsumerWGs == 3 ? 160 : kCtasPerSm == 3 ? 136 : 232;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= 65536 / kCtasPerSm, "regs");
+};
+
+// The same kernel with the attention variants compiled in (T::kVariants): key-tile ranges from both
+// window bounds, softcap and ALiBi on the scores, window masks on the tiles that cross a window edge,
+// sinks in the epilogue. Every other constant is the dense traits'.
+template <class T>
+struct Sm90FwdVariants : T {
+  static constexpr bool kVariants = true;
 };
 
 // The CTA's shared memory: Q buffer(s), the K and V rings, the O staging tile (kSeparateO), the

@@ -33,6 +33,13 @@ struct Sm90FwdPlan {
   std::size_t zero_bytes = 0;
 };
 
+// Whether a forward problem asks for any attention variant (csrc/attention_variants.h): a window other
+// than plain causal (which the dense kernels run), softcap, ALiBi or sinks. Such a problem runs the
+// config's variants build (Sm90FwdVariants), or is refused by a config without one.
+inline bool fwd_variants_requested(const AttentionVariants& v) {
+  return v.local() || v.softcap > 0.f || v.alibi_slopes != nullptr || v.sinks != nullptr;
+}
+
 struct Sm90FwdKernel {
   const char* name;  // e.g. "sm90.bf16.d128.br128.bc128", "sm90.bf16.d128.br128.bc128.pers"
   // The launch's plan for these params (persistent configs: one CTA per SM of the current device);
@@ -50,6 +57,10 @@ struct Sm90FwdKernel {
   int block_n;
   std::size_t smem_bytes;
   int threads;
+  // Built with the variants (Sm90FwdTraits::kSupportsVariants, mirrored by configs.py
+  // HopperConfig.supports_variants); launch returns cudaErrorNotSupported for a problem that asks for
+  // them (fwd_variants_requested) otherwise.
+  bool supports_variants;
 };
 
 const Sm90FwdKernel* sm90_fwd_kernels();
@@ -65,7 +76,7 @@ template <class T>
 constexpr Sm90FwdKernel fwd_entry(const char* name) {
   return Sm90FwdKernel{name,          &plan_fwd<T>, &launch_fwd<T>, T::kBf16 ? DType::kBf16 : DType::kFp16,
                        T::kHeadDim,   T::kBlockM,     T::kBlockN,
-                       T::kSmemBytes, T::kThreads};
+                       T::kSmemBytes, T::kThreads,    T::kSupportsVariants};
 }
 
 struct Sm90BwdKernel {

@@ -53,6 +53,44 @@ __device__ __forceinline__ void online_softmax(float (&sacc)[N / 2], float (&m)[
   }
 }
 
+// tanh.approx.f32 (MUFU.TANH, one instruction; maximum relative error 2^-10.987 per the PTX ISA), as
+// FlashAttention-2 and -3 use for softcap (cutlass::fast_tanh).
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// %laneid, read again at every use (volatile): for values cheaper to re-read than to keep in a register.
+__device__ __forceinline__ int lane_id_volatile() {
+  int lane;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane;
+}
+
+// Softcap on raw scores (the loop's units, q.k before the softmax scale): s -> cap_out tanh(s cap_in),
+// cap_in = scale / softcap, cap_out = softcap / scale, i.e. score = softcap tanh(score / softcap).
+template <int N>
+__device__ __forceinline__ void apply_softcap(float (&sacc)[N / 2], float cap_in, float cap_out) {
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) sacc[i] = cap_out * tanh_approx(sacc[i] * cap_in);
+}
+
+// ALiBi on raw scores: s -= slope |key - row - diag| (slope already divided by the softmax scale).
+// rel: key - row - diag of the thread's element d[0] (row r, column 2 (lane % 4) of n8 block 0);
+// element d[4i + 2h + e] is 8i + e - 8h further (row r + 8h, column + 8i + e). Exact in float below 2^24.
+template <int N>
+__device__ __forceinline__ void apply_alibi(float (&sacc)[N / 2], float slope, float rel) {
+#pragma unroll
+  for (int i = 0; i < N / 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float d = rel + static_cast<float>(8 * i + (e & 1) - 8 * (e >> 1));
+      sacc[4 * i + e] = fmaf(-slope, fabsf(d), sacc[4 * i + e]);
+    }
+  }
+}
+
 // O (m64 x N accumulator) rows times their softmax correction.
 template <int N>
 __device__ __forceinline__ void rescale_rows(float (&o)[N / 2], const float (&corr)[2]) {
