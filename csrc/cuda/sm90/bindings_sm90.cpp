@@ -177,24 +177,71 @@ int64_t forward_config_workspace(const std::string& name, int64_t batch, int64_t
   return static_cast<int64_t>(plan.workspace_bytes);
 }
 
+// The attention variants of a backward call (csrc/attention_variants.h; sinks need nothing in the
+// backward), from arguments flashop/ops.py has checked and normalised, as forward_variants.
+AttentionVariants backward_variants(bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                    const c10::optional<at::Tensor>& alibi_slopes, const AttentionDims& dims) {
+  AttentionVariants v;
+  TORCH_CHECK(window_left >= -1 && window_right >= -1 && window_left < std::numeric_limits<int>::max() &&
+                  window_right < std::numeric_limits<int>::max(),
+              "flashop.backward (sm90): window bounds must be -1 (unbounded) or non-negative ints");
+  v.window_left = static_cast<int>(window_left);
+  v.window_right = static_cast<int>(causal ? 0 : window_right);
+  v.softcap = softcap > 0.0 ? static_cast<float>(softcap) : 0.f;
+  if (alibi_slopes.has_value() && alibi_slopes->defined()) {
+    const at::Tensor& a = *alibi_slopes;
+    TORCH_CHECK(a.scalar_type() == at::kFloat && a.is_contiguous() && a.is_cuda() &&
+                    ((a.dim() == 1 && a.size(0) == dims.heads_q) ||
+                     (a.dim() == 2 && a.size(0) == dims.batch && a.size(1) == dims.heads_q)),
+                "flashop.backward (sm90): alibi_slopes must be contiguous float32 CUDA of shape (heads_q,) or "
+                "(batch, heads_q)");
+    v.alibi_slopes = a.data_ptr<float>();
+    v.alibi_batch_stride = a.dim() == 2 ? dims.heads_q : 0;
+  }
+  return v;
+}
+
+// run_backward (../glue.h) fills the params and calls a plain launch function; this one adds the call's
+// variants to them and calls the config's launch. Set by backward() on its own thread just before, for
+// that one call (run_backward launches synchronously on the calling thread).
+struct BwdVariantsLaunch {
+  BwdLaunch launch = nullptr;
+  AttentionVariants variants;
+};
+thread_local BwdVariantsLaunch tls_bwd_launch;
+
+cudaError_t launch_with_variants(const BwdParams& params, cudaStream_t stream) {
+  BwdParams p = params;
+  p.variants = tls_bwd_launch.variants;
+  // p.causal is exactly the window (-1, 0) (the dense kernels' causal mask), as in forward().
+  p.causal = !p.variants.local() && p.variants.window_right == 0;
+  return tls_bwd_launch.launch(p, stream);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, const at::Tensor& q,
                                                         const at::Tensor& k, const at::Tensor& v,
                                                         const at::Tensor& out, const at::Tensor& softmax_lse,
                                                         double softmax_scale, bool causal, bool deterministic,
-                                                        const std::string& config) {
+                                                        const std::string& config, int64_t window_left,
+                                                        int64_t window_right, double softcap,
+                                                        const c10::optional<at::Tensor>& alibi_slopes) {
   const AttentionDims dims = check_forward_inputs(q, k, v);
   check_backward_inputs(dout, q, out, softmax_lse, dims);
   const DType dt = check_cuda_inputs(q, softmax_scale, kBwd, "sm90");
   const Sm90BwdKernel& kernel = backward_kernel(config);
   TORCH_CHECK(!deterministic, "flashop.backward: kernel config '", config,
               "' adds dQ with atomics in any order; deterministic=True needs an mma.sync backward config (bwd.*)");
+  const AttentionVariants variants =
+      backward_variants(causal, window_left, window_right, softcap, alibi_slopes, dims);
 
   c10::cuda::CUDAGuard guard(q.device());
   const Device& dev = hopper_device(q, kBwd);
   check_kernel_fits(kBwd, config, kernel.dtype, kernel.headdim, kernel.smem_bytes, 90, dt, dims.headdim, dev,
                     q.device());
+  tls_bwd_launch.launch = kernel.launch;
+  tls_bwd_launch.variants = variants;
   return run_backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dims, dev,
-                      kernel.block_m, kernel.headdim, kernel.launch, kernel.name);
+                      kernel.block_m, kernel.headdim, &launch_with_variants, kernel.name);
 }
 
 std::vector<std::string> built_backward_configs() {
@@ -230,9 +277,13 @@ PYBIND11_MODULE(_C_sm90, m) {
         "> 0: the split tail or split last wave runs).");
   m.def("backward", &glue::backward, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
         py::arg("softmax_lse"), py::arg("softmax_scale"), py::arg("causal"), py::arg("deterministic"),
-        py::arg("config"),
+        py::arg("config"), py::arg("window_left") = -1, py::arg("window_right") = -1, py::arg("softcap") = 0.0,
+        py::arg("alibi_slopes") = py::none(),
         "FlashAttention backward on sm_90a (wgmma + TMA main kernel). Arguments and result as "
-        "flashop._C.backward; config: a name from built_backward_configs(); not deterministic.");
+        "flashop._C.backward; config: a name from built_backward_configs(); not deterministic. "
+        "window_left / window_right (-1: unbounded; causal is (-1, 0)), softcap (0: off) and alibi_slopes "
+        "(float32 (heads_q,) or (batch, heads_q)): csrc/attention_variants.h, as forward's (sinks need "
+        "nothing in the backward).");
   m.def("built_backward_configs", &glue::built_backward_configs,
         "Names of the sm90 backward kernel configs compiled into this module, in registry order.");
   m.def("backward_config_smem", &glue::backward_config_smem, py::arg("name"),

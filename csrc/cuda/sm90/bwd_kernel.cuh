@@ -36,6 +36,9 @@
 // never reads.
 // Not deterministic (dQ atomics): the glue routes deterministic=True to the mma.sync kernels.
 // Tile widths 160 .. 256: bwd_kernel_sm90_wide below (64 keys per CTA, the consumers split the columns).
+// Windows, softcap and ALiBi: the second instantiation Sm90BwdVariants<traits> of both kernels (query-tile
+// range from both window bounds, bwd_variant_probs for P and softcap's dS factor); see "attention
+// variants" below.
 #pragma once
 
 #include <cuda.h>
@@ -47,6 +50,7 @@
 
 #include "../bwd_params.h"
 #include "primitives.cuh"
+#include "softmax.cuh"
 
 namespace flashop {
 namespace sm90 {
@@ -56,6 +60,9 @@ struct Sm90BwdTraits {
   static constexpr bool kBf16 = kBf16_;
   static constexpr int kHeadDim = kHeadDim_;  // the tile width: 64, 96 or 128
   static constexpr bool kWide = false;        // bwd_kernel_sm90 (Sm90BwdWideTraits: bwd_kernel_sm90_wide)
+  // The attention variants are a second instantiation, Sm90BwdVariants<traits> (below).
+  static constexpr bool kVariants = false;
+  static constexpr bool kSupportsVariants = true;
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128, "the sm90 backward takes D = 64, 96 or 128");
   // Q, dO and V tiles (K too, except at D = 96: kKColBlock below) are column blocks of kColBlock
   // elements, one swizzle span per row, as the TMA maps write them (the forward's layouts, fwd_traits.cuh): 64 (128 bytes, 128B swizzle, 1024-byte
@@ -166,6 +173,132 @@ __device__ __forceinline__ int bwd_first_query_tile(const BwdParams& p, int key0
   return q <= 0 ? 0 : static_cast<int>(q / block_m);
 }
 
+// ------------------------------------------------------------------ attention variants
+// Windows, softcap and ALiBi (csrc/attention_variants.h) are compiled into a second instantiation of
+// each backward kernel, Sm90BwdVariants<traits>, which launch_bwd runs only for a call that asks for
+// one (bwd_variants_requested); the dense build's code is unchanged. Sinks need nothing here: the
+// forward's lse includes them, and P = exp(score - lse) is all the backward recomputes.
+template <class T>
+struct Sm90BwdVariants : T {
+  static constexpr bool kVariants = true;
+};
+
+// A window other than plain causal (the dense kernels' p.causal), softcap or ALiBi.
+inline bool bwd_variants_requested(const AttentionVariants& v) {
+  return v.local() || v.softcap > 0.f || v.alibi_slopes != nullptr;
+}
+
+constexpr float kBwdLog2e = 1.4426950408889634f;
+
+// The query tiles of B_r rows that see some key of the CTA's keys key0 .. key0 + B_c - 1:
+// m_first .. m_first + count - 1, the same for the producer and the consumers. Dense: from the first
+// tile on the causal diagonal (0 when not causal) to the last. Variants: with off = Sk - Sq, query i
+// sees key j iff j - off - window_right <= i <= j - off + window_left (a bound of -1: none; causal is
+// (-1, 0)), so keys k0 .. k1 are seen by the queries k0 - off - window_right .. k1 - off + window_left
+// (one run: each key's run is its predecessor's shifted by one), clipped to 0 .. Sq - 1. None: count 0
+// (the CTA writes dK = dV = 0). A query tile no CTA visits keeps the zeros the preprocess wrote into
+// its dQ accumulator rows, and the convert kernel writes dQ = 0 there.
+template <class T>
+__device__ __forceinline__ void bwd_query_tiles(const BwdParams& p, int key0, int& m_first, int& count) {
+  constexpr int kBM = T::kBlockM;
+  if constexpr (!T::kVariants) {
+    const int m_tiles = (p.seqlen_q + kBM - 1) / kBM;
+    m_first = bwd_first_query_tile(p, key0, kBM);
+    count = m_first < m_tiles ? m_tiles - m_first : 0;
+  } else {
+    const int wl = p.variants.window_left, wr = p.variants.window_right;
+    const int64_t off = int64_t(p.seqlen_k) - p.seqlen_q;
+    const int64_t k1 = min(key0 + T::kBlockN, p.seqlen_k) - 1;  // key0 < Sk: the grid's tiles
+    const int64_t q_begin = wr >= 0 ? max(int64_t(key0) - off - wr, int64_t(0)) : int64_t(0);
+    const int64_t q_end = wl >= 0 ? min(k1 - off + wl + 1, int64_t(p.seqlen_q)) : int64_t(p.seqlen_q);
+    if (q_end <= q_begin) {
+      m_first = 0;
+      count = 0;
+    } else {
+      m_first = static_cast<int>(q_begin / kBM);
+      count = static_cast<int>((q_end + kBM - 1) / kBM) - m_first;
+    }
+  }
+}
+
+// The variants build's P^T on an m64 x (8 kBlocks) S^T accumulator of raw scores x = q.k (rows: keys,
+// columns: queries), in place, with its 16-bit A fragments (the layout of the dense kernels' fragment():
+// n8 block i, rows h = 0 / 1 into pf[i / 2][2 (i % 2) + h]) for the P^T dO product. Element (i, e) is key
+// key_lo + 8 (e >> 1) and query q_lo + 8i + (e & 1) (q_lo: the thread's query of column 2t in block 0),
+// its lse_log2 at sLse + 4 (8i + 2t + (e & 1)). In units of log2:
+//   z = score log2(e) = softcap log2(e) tanh(x scale / softcap)  (softcap > 0; else x scale log2(e))
+//       - slope log2(e) |query + off - key|                       (ALiBi; slope 0 without)
+//   P = exp2(z - lse_log2), 0 outside the window and for keys >= Sk.
+// The same tanh.approx and argument as the forward's (its lse is the normaliser P must agree with).
+// Softcap's chain rule: d score / d x = scale (1 - tanh^2(x scale / softcap)); scale is applied to dK and
+// dQ at the end as in the dense kernels, so dS = P (dP - D) (1 - tanh^2). The factor rides in st: after
+// the fragments are packed from P, st holds P (1 - tanh^2), and the dense dS^T = st (dP^T - D) line
+// gives the capped dS with no register of its own. ALiBi's bias is constant in q, k: no gradient.
+// need_mask: this thread's tile crosses a window edge or Sk (decided by the caller, uniform per warp).
+template <bool kBf16, bool kSoftcap, int kBlocks>
+__device__ __forceinline__ void bwd_variant_probs(float (&st)[4 * kBlocks], uint32_t (&pf)[kBlocks / 2][4],
+                                                  const BwdParams& p, uint32_t sLse, int t, int key_lo,
+                                                  int q_lo, float slope_l2, bool need_mask) {
+  const float cap_in = kSoftcap ? p.scale / p.variants.softcap : 0.f;
+  const float cap_l2 = p.variants.softcap * kBwdLog2e;
+  // |query + off - key| of element (i, e) = |dist0 + 8i + (e & 1) - 8 (e >> 1)|: exact in float below 2^24.
+  const float dist0 = static_cast<float>(int64_t(q_lo) + p.seqlen_k - p.seqlen_q - key_lo);
+  // Visible iff lo <= key - query <= hi and key < Sk (key - query of element (i, e) = rel0 - 8i - (e & 1)
+  // + 8 (e >> 1)); off + window_right and off - window_left clipped to the range of int.
+  const int wl = p.variants.window_left, wr = p.variants.window_right;
+  const int64_t off = int64_t(p.seqlen_k) - p.seqlen_q;
+  const int hi = wr >= 0 ? static_cast<int>(min(off + wr, int64_t(INT32_MAX))) : INT32_MAX;
+  const int lo = wl >= 0 ? static_cast<int>(max(off - wl, int64_t(INT32_MIN))) : INT32_MIN;
+  const int rel0 = key_lo - q_lo;
+#pragma unroll
+  for (int i = 0; i < kBlocks; ++i) {
+    float lse0, lse1;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(lse0), "=f"(lse1) : "r"(sLse + (8 * i + 2 * t) * 4));
+    float pr[4], dt[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x = st[4 * i + e];
+      float z;
+      dt[e] = 1.f;
+      if constexpr (kSoftcap) {
+        const float th = tanh_approx(x * cap_in);
+        z = th * cap_l2;
+        dt[e] = fmaf(-th, th, 1.f);
+      } else {
+        z = x * p.scale_log2;
+      }
+      z = fmaf(-slope_l2, fabsf(dist0 + static_cast<float>(8 * i + (e & 1) - 8 * (e >> 1))), z);
+      float pv = exp2f(z - ((e & 1) ? lse1 : lse0));
+      if (need_mask) {
+        const int key = key_lo + ((e & 2) ? 8 : 0);
+        const int rel = rel0 - 8 * i - (e & 1) + ((e & 2) ? 8 : 0);
+        if (key >= p.seqlen_k || rel > hi || rel < lo) pv = 0.f;
+      }
+      pr[e] = pv;
+    }
+    pf[i / 2][2 * (i % 2)] = pack2<kBf16>(pr[0], pr[1]);
+    pf[i / 2][2 * (i % 2) + 1] = pack2<kBf16>(pr[2], pr[3]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) st[4 * i + e] = kSoftcap ? pr[e] * dt[e] : pr[e];
+  }
+}
+
+// Whether the variants build masks a step: keys k0 .. k0 + 63 (a consumer's) against queries
+// q0 .. q0 + nq - 1 cross Sk or a window edge (some pair outside the window). Queries past Sq count as
+// rows (conservative: their P is 0 anyway, lse_log2 = +inf on the padding).
+__device__ __forceinline__ bool bwd_variant_need_mask(const BwdParams& p, int k0, int q0, int nq) {
+  const int wl = p.variants.window_left, wr = p.variants.window_right;
+  const int64_t off = int64_t(p.seqlen_k) - p.seqlen_q;
+  return k0 + 64 > p.seqlen_k || (wr >= 0 && int64_t(k0) + 63 > int64_t(q0) + off + wr) ||
+         (wl >= 0 && int64_t(k0) < int64_t(q0) + nq - 1 + off - wl);
+}
+
+// The slope of (batch b, query head hq) times log2(e); 0 without ALiBi.
+__device__ __forceinline__ float bwd_alibi_slope_l2(const BwdParams& p, int b, int hq) {
+  const float* slopes = p.variants.alibi_slopes;
+  return slopes != nullptr ? __ldg(slopes + b * p.variants.alibi_batch_stride + hq) * kBwdLog2e : 0.f;
+}
+
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
     bwd_kernel_sm90(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -184,9 +317,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const int key0 = n_block * kBN;
-  const int m_tiles = (p.seqlen_q + kBM - 1) / kBM;
-  const int m_first = bwd_first_query_tile(p, key0, kBM);
-  const int per_head = m_first < m_tiles ? m_tiles - m_first : 0;
+  int m_first, per_head;  // query tiles m_first .. m_first + per_head - 1 of each query head
+  bwd_query_tiles<T>(p, key0, m_first, per_head);
   const int total = per_head * p.head_ratio;  // steps: (query head of the group, query tile)
 
   const int tid = threadIdx.x;
@@ -250,7 +382,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   for (int i = 0; i < kD / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
 
   if (total > 0) mbar_wait(bar_kv, 0);
-  const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
+  [[maybe_unused]] const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;  // dense build
 
   for (int it = 0; it < total; ++it) {
     const int s = it % T::kStages;
@@ -286,24 +418,36 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma_wait<1>();
     fence_regs(st);
     const uint32_t sLse = base + T::kLseOff + s * kBM * 4, sDsum = base + T::kDsumOff + s * kBM * 4;
-    const bool need_mask =
-        key0 + kBN > p.seqlen_k || (p.causal && int64_t(key0) + kBN - 1 > int64_t(q0) + causal_shift);
+    uint32_t pa[kBM / 16][4], da[kBM / 16][4];
+    if constexpr (!T::kVariants) {
+      const bool need_mask =
+          key0 + kBN > p.seqlen_k || (p.causal && int64_t(key0) + kBN - 1 > int64_t(q0) + causal_shift);
 #pragma unroll
-    for (int i = 0; i < kBM / 8; ++i) {
-      const int col = 8 * i + 2 * t;
-      float lse0, lse1;
-      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(lse0), "=f"(lse1) : "r"(sLse + col * 4));
+      for (int i = 0; i < kBM / 8; ++i) {
+        const int col = 8 * i + 2 * t;
+        float lse0, lse1;
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(lse0), "=f"(lse1) : "r"(sLse + col * 4));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float lse = (e & 1) ? lse1 : lse0;
-        float x = exp2f(st[4 * i + e] * p.scale_log2 - lse);
-        if (need_mask) {
-          const int key = key_lo + ((e & 2) ? 8 : 0);
-          const int64_t q = int64_t(q0) + col + (e & 1);
-          if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) x = 0.f;
+        for (int e = 0; e < 4; ++e) {
+          const float lse = (e & 1) ? lse1 : lse0;
+          float x = exp2f(st[4 * i + e] * p.scale_log2 - lse);
+          if (need_mask) {
+            const int key = key_lo + ((e & 2) ? 8 : 0);
+            const int64_t q = int64_t(q0) + col + (e & 1);
+            if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) x = 0.f;
+          }
+          st[4 * i + e] = x;  // P^T from here on
         }
-        st[4 * i + e] = x;  // P^T from here on
       }
+    } else {
+      // P^T into pa and, softcap, P^T (1 - tanh^2) into st (bwd_variant_probs); masked where this
+      // consumer's 64 keys cross Sk or a window edge for some of the 64 queries.
+      const bool need_mask = bwd_variant_need_mask(p, key0 + 64 * c, q0, kBM);
+      const float slope_l2 = bwd_alibi_slope_l2(p, b, hq);
+      if (p.variants.softcap > 0.f)
+        bwd_variant_probs<T::kBf16, true, kBM / 8>(st, pa, p, sLse, t, key_lo, q0 + 2 * t, slope_l2, need_mask);
+      else
+        bwd_variant_probs<T::kBf16, false, kBM / 8>(st, pa, p, sLse, t, key_lo, q0 + 2 * t, slope_l2, need_mask);
     }
     // 16-bit A fragments of P^T for k16 step j (queries 16j..16j+15): r = 0: n8 block 2j rows g;
     // 1: block 2j rows g+8; 2, 3: block 2j+1. dV += P^T dO is issued before dP^T is waited for, so
@@ -313,11 +457,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       const int idx = 4 * (2 * j + r / 2) + 2 * (r % 2);
       return pack2<T::kBf16>(acc[idx], acc[idx + 1]);
     };
-    uint32_t pa[kBM / 16][4], da[kBM / 16][4];
+    if constexpr (!T::kVariants) {
 #pragma unroll
-    for (int j = 0; j < kBM / 16; ++j)
+      for (int j = 0; j < kBM / 16; ++j)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) pa[j][r] = fragment(st, j, r);
+        for (int r = 0; r < 4; ++r) pa[j][r] = fragment(st, j, r);
+    }
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < kBM / 16; ++j)
@@ -466,6 +611,8 @@ struct Sm90BwdWideTraits {
   static constexpr bool kBf16 = kBf16_;
   static constexpr int kHeadDim = kHeadDim_;  // the tile width: 160, 192, 224 or 256
   static constexpr bool kWide = true;
+  static constexpr bool kVariants = false;  // see Sm90BwdTraits
+  static constexpr bool kSupportsVariants = true;
   static_assert(kHeadDim == 160 || kHeadDim == 192 || kHeadDim == 224 || kHeadDim == 256,
                 "the sm90 wide backward takes D = 160, 192, 224 or 256");
   static constexpr int kHalf = kHeadDim / 2;  // columns of dK, dV, dQ per consumer
@@ -524,9 +671,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const int key0 = n_block * kBN;
-  const int m_tiles = (p.seqlen_q + kBM - 1) / kBM;
-  const int m_first = bwd_first_query_tile(p, key0, kBM);
-  const int per_head = m_first < m_tiles ? m_tiles - m_first : 0;
+  int m_first, per_head;  // query tiles m_first .. m_first + per_head - 1 of each query head
+  bwd_query_tiles<T>(p, key0, m_first, per_head);
   const int total = per_head * p.head_ratio;  // steps: (query head of the group, query tile)
 
   const int tid = threadIdx.x;
@@ -591,7 +737,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   for (int i = 0; i < kH / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
 
   if (total > 0) mbar_wait(bar_kv, 0);
-  const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
+  [[maybe_unused]] const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;  // dense build
 
   for (int it = 0; it < total; ++it) {
     const int s = it % T::kStages;
@@ -643,30 +789,41 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma_wait<1>();
     fence_regs(st);
     const uint32_t sLse = base + T::kLseOff + s * kBM * 4 + qc * 4, sDsum = base + T::kDsumOff + s * kBM * 4 + qc * 4;
-    const bool need_mask =
-        key0 + kBN > p.seqlen_k || (p.causal && int64_t(key0) + kBN - 1 > int64_t(q0) + causal_shift);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int col = 8 * i + 2 * t;
-      float lse0, lse1;
-      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(lse0), "=f"(lse1) : "r"(sLse + col * 4));
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float lse = (e & 1) ? lse1 : lse0;
-        float x = exp2f(st[4 * i + e] * p.scale_log2 - lse);
-        if (need_mask) {
-          const int key = key_lo + ((e & 2) ? 8 : 0);
-          const int64_t q = int64_t(q0) + qc + col + (e & 1);
-          if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) x = 0.f;
-        }
-        st[4 * i + e] = x;  // P^T from here on
-      }
-    }
     uint32_t fr[2][4];
+    if constexpr (!T::kVariants) {
+      const bool need_mask =
+          key0 + kBN > p.seqlen_k || (p.causal && int64_t(key0) + kBN - 1 > int64_t(q0) + causal_shift);
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+      for (int i = 0; i < 4; ++i) {
+        const int col = 8 * i + 2 * t;
+        float lse0, lse1;
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(lse0), "=f"(lse1) : "r"(sLse + col * 4));
 #pragma unroll
-      for (int r = 0; r < 4; ++r) fr[j][r] = fragment(st, j, r);
+        for (int e = 0; e < 4; ++e) {
+          const float lse = (e & 1) ? lse1 : lse0;
+          float x = exp2f(st[4 * i + e] * p.scale_log2 - lse);
+          if (need_mask) {
+            const int key = key_lo + ((e & 2) ? 8 : 0);
+            const int64_t q = int64_t(q0) + qc + col + (e & 1);
+            if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) x = 0.f;
+          }
+          st[4 * i + e] = x;  // P^T from here on
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) fr[j][r] = fragment(st, j, r);
+    } else {
+      // P^T into fr and, softcap, P^T (1 - tanh^2) into st (bwd_variant_probs); masked where the 64 keys
+      // cross Sk or a window edge for some of this consumer's 32 queries.
+      const bool need_mask = bwd_variant_need_mask(p, key0, q0 + qc, 32);
+      const float slope_l2 = bwd_alibi_slope_l2(p, b, hq);
+      if (p.variants.softcap > 0.f)
+        bwd_variant_probs<T::kBf16, true, 4>(st, fr, p, sLse, t, key_lo, q0 + qc + 2 * t, slope_l2, need_mask);
+      else
+        bwd_variant_probs<T::kBf16, false, 4>(st, fr, p, sLse, t, key_lo, q0 + qc + 2 * t, slope_l2, need_mask);
+    }
     store_t(sP, fr);
     fence_proxy_async_smem();
     named_bar_sync<1, 256>();  // both consumers' queries of P written

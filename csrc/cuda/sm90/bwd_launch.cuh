@@ -18,11 +18,31 @@
 namespace flashop {
 namespace sm90 {
 
+// The main kernel of the dense traits T or of their variants build Sm90BwdVariants<T> (the same maps,
+// grid and shared memory).
+template <class K>
+cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
+                            const CUtensorMap& tdo, cudaStream_t stream) {
+  auto kernel = [] {
+    if constexpr (K::kWide) return bwd_kernel_sm90_wide<K>;
+    else return bwd_kernel_sm90<K>;
+  }();
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.seqlen_k + K::kBlockN - 1) / K::kBlockN, p.heads_k, p.batch);
+  kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, tdo, p);
+  return cudaGetLastError();
+}
+
+// p.variants (windows, softcap, ALiBi) run the variants build when bwd_variants_requested; a config built
+// without it (T::kSupportsVariants false) returns cudaErrorNotSupported for them.
 template <class T>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   // The aux kernels read only the head dimension and dtype of their config.
   using Aux = BwdConfig<T::kBf16 ? DType::kBf16 : DType::kFp16, T::kHeadDim, T::kBlockN, T::kBlockM, 8>;
   if (p.deterministic || !sm80::bwd::bwd_params_ok<Aux>(p)) return cudaErrorInvalidValue;  // incl. headdim
+  const bool variants = bwd_variants_requested(p.variants);
+  if (variants && !T::kSupportsVariants) return cudaErrorNotSupported;
   CUtensorMap tq, tk, tv, tdo;
   cudaError_t err = encode_bshd(&tq, T::kBf16, p.q, p.batch, p.seqlen_q, p.heads_q, p.headdim, p.q_batch_stride,
                                 p.q_row_stride, p.q_head_stride, T::kBlockM, T::kColBlock);
@@ -41,15 +61,11 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   sm80::bwd::bwd_preprocess_kernel<Aux><<<dim3(g.pre[0], g.pre[1], g.pre[2]), sm80::bwd::kAuxThreads, 0, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  auto kernel = [] {
-    if constexpr (T::kWide) return bwd_kernel_sm90_wide<T>;
-    else return bwd_kernel_sm90<T>;
-  }();
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  const dim3 grid((p.seqlen_k + T::kBlockN - 1) / T::kBlockN, p.heads_k, p.batch);
-  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, tdo, p);
-  err = cudaGetLastError();
+  err = cudaErrorNotSupported;
+  if constexpr (T::kSupportsVariants) {
+    if (variants) err = launch_bwd_main<Sm90BwdVariants<T>>(p, tq, tk, tv, tdo, stream);
+  }
+  if (!variants) err = launch_bwd_main<T>(p, tq, tk, tv, tdo, stream);
   if (err != cudaSuccess) return err;
   sm80::bwd::bwd_convert_dq_kernel<Aux><<<dim3(g.conv[0], g.conv[1], g.conv[2]), sm80::bwd::kAuxThreads, 0, stream>>>(p);
   return cudaGetLastError();
