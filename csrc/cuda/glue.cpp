@@ -123,7 +123,7 @@ bool allocate_forward_outputs(const at::Tensor& q, const AttentionDims& dims, at
   return false;
 }
 
-AttentionVariants make_variants(const at::Tensor& q, const AttentionDims& dims, bool causal, int64_t window_left,
+AttentionVariants make_variants(const at::Tensor& q, const AttentionDims& dims, bool& causal, int64_t window_left,
                                 int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
                                 const std::optional<at::Tensor>& sinks, const char* op) {
   AttentionVariants v;
@@ -131,11 +131,18 @@ AttentionVariants make_variants(const at::Tensor& q, const AttentionDims& dims, 
                   window_right < std::numeric_limits<int>::max(),
               op, ": window bounds must be -1 or in [0, 2^31), got (", to_string(window_left), ", ",
               to_string(window_right), ")");
-  TORCH_CHECK(!causal || (window_left == -1 && window_right <= 0), op,
-              ": causal is the (-1, 0) window; got causal with window (", to_string(window_left), ", ",
-              to_string(window_right), ")");
+  TORCH_CHECK(!causal || window_right <= 0, op, ": causal is the (-1, 0) window; got causal with window (",
+              to_string(window_left), ", ", to_string(window_right), ")");
+  if (causal && window_left >= 0) {
+    causal = false;
+    window_right = 0;
+  }
   TORCH_CHECK(std::isfinite(softcap) && softcap >= 0, op, ": softcap must be finite and >= 0, got ",
               to_string(softcap));
+  // A bound that excludes no key is -1 (key - query - (Sk - Sq) lies in [1 - Sk, Sq - 1]): the kernels
+  // then never form row + bound sums that could overflow.
+  if (window_left >= dims.seqlen_k - 1) window_left = -1;
+  if (!causal && window_right >= dims.seqlen_q - 1) window_right = -1;
   v.window_left = static_cast<int>(window_left);
   v.window_right = causal ? 0 : static_cast<int>(window_right);
   v.softcap = static_cast<float>(softcap);

@@ -114,9 +114,10 @@ bool allocate_forward_outputs(const at::Tensor& q, const AttentionDims& dims, at
 
 // AttentionVariants from the ops' arguments (checked by the Python layer: float32, contiguous, on
 // q's device; alibi_slopes (heads_q,) or (batch, heads_q), sinks (heads_q,)), with the checks that
-// keep a kernel from reading out of bounds repeated. causal: the (-1, 0) window. The tensors must
+// keep a kernel from reading out of bounds repeated. causal: the (-1, 0) window; causal with a left
+// bound becomes the window (left, 0) with causal false (the contract's normal form). The tensors must
 // outlive the launch (they are the caller's arguments).
-AttentionVariants make_variants(const at::Tensor& q, const AttentionDims& dims, bool causal, int64_t window_left,
+AttentionVariants make_variants(const at::Tensor& q, const AttentionDims& dims, bool& causal, int64_t window_left,
                                 int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
                                 const std::optional<at::Tensor>& sinks, const char* op);
 
