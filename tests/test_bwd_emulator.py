@@ -29,7 +29,7 @@ def emulator(tmp_path_factory):
 @pytest.mark.parametrize("mode", [("lazy", "rr"), ("eager", "reverse", "-", "edge")],
                          ids=["interleaved", "warp-runs-ahead-edge-shapes"])
 def test_backward_kernels_on_the_emulator(emulator, mode):
-    result = subprocess.run([emulator, "all", *mode], capture_output=True, text=True, timeout=900)
+    result = subprocess.run([emulator, "all", *mode], capture_output=True, text=True, timeout=1800)
     tail = result.stdout[-4000:]
     assert result.returncode == 0 and "ALL OK" in result.stdout, tail
     assert "FAIL" not in result.stdout, tail
