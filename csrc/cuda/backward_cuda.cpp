@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -31,10 +32,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, 
                                                         const at::Tensor& k, const at::Tensor& v,
                                                         const at::Tensor& out, const at::Tensor& softmax_lse,
                                                         double softmax_scale, bool causal, bool deterministic,
-                                                        const std::string& config) {
+                                                        const std::string& config, int64_t window_left,
+                                                        int64_t window_right, double softcap,
+                                                        const std::optional<at::Tensor>& alibi_slopes) {
   const AttentionDims dims = check_forward_inputs(q, k, v);
   check_backward_inputs(dout, q, out, softmax_lse, dims);
   const DType dt = check_cuda_inputs(q, softmax_scale, kOp, "CUDA");
+  // Sinks need nothing here: softmax_lse carries them.
+  const AttentionVariants variants = make_variants(q, dims, causal, window_left, window_right, softcap,
+                                                   alibi_slopes, std::nullopt, kOp);
 
   c10::cuda::CUDAGuard guard(q.device());
   const Device& dev = device(q.get_device(), kOp);
@@ -44,7 +50,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, 
   check_kernel_fits(kOp, config, kernel.desc.dtype, kernel.desc.headdim, kernel.smem_bytes, 80, dt, dims.headdim,
                     dev, q.device());
   return run_backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dims, dev,
-                      kernel.desc.block_m, kernel.desc.headdim, kernel.launch, kernel.name);
+                      kernel.desc.block_m, kernel.desc.headdim, kernel.launch, kernel.name, variants);
 }
 
 std::vector<std::string> built_backward_configs() { return kernel_names(bwd_kernels(), num_bwd_kernels()); }
@@ -59,11 +65,13 @@ void bind_backward(pybind11::module_& m) {
   namespace py = pybind11;
   m.def("backward", &backward, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
         py::arg("softmax_lse"), py::arg("softmax_scale"), py::arg("causal"), py::arg("deterministic"),
-        py::arg("config"),
+        py::arg("config"), py::arg("window_left") = -1, py::arg("window_right") = -1, py::arg("softcap") = 0.0,
+        py::arg("alibi_slopes") = py::none(),
         "FlashAttention backward on CUDA (mma.sync kernels). dout/q/out (B, Sq, Hq, D), k/v (B, Sk, Hk, D), "
         "softmax_lse (B, Hq, Sq) float32 (natural log), fp16/bf16. deterministic: bit-identical dq run to run "
-        "(key tiles add to dq in a fixed order). config: a name from built_backward_configs(). Returns "
-        "(dq, dk, dv), contiguous, in q's dtype.");
+        "(key tiles add to dq in a fixed order). config: a name from built_backward_configs(). "
+        "window_left/window_right, softcap, alibi_slopes: as forward's. Returns (dq, dk, dv), contiguous, in q's "
+        "dtype.");
   m.def("built_backward_configs", &built_backward_configs,
         "Names of the backward kernel configs compiled into this module, in registry order.");
   m.def("backward_config_smem", &backward_config_smem, py::arg("name"),

@@ -106,16 +106,66 @@ at::Tensor readable(const at::Tensor& t, StrideLimits limits) {
   return kernel_can_read(t, limits) ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
-bool allocate_forward_outputs(const at::Tensor& q, const AttentionDims& dims, at::Tensor& out, at::Tensor& lse) {
+bool allocate_forward_outputs(const at::Tensor& q, const AttentionDims& dims, at::Tensor& out, at::Tensor& lse,
+                              const std::optional<at::Tensor>& sinks) {
   out = at::empty({dims.batch, dims.seqlen_q, dims.heads_q, dims.headdim}, q.options());
   lse = at::empty({dims.batch, dims.heads_q, dims.seqlen_q}, q.options().dtype(at::kFloat));
   if (dims.batch == 0 || dims.heads_q == 0 || dims.seqlen_q == 0) return true;
   if (dims.seqlen_k == 0) {
     out.zero_();
-    lse.fill_(-std::numeric_limits<float>::infinity());
+    if (sinks.has_value()) {
+      lse.copy_(sinks->to(at::kFloat).view({1, dims.heads_q, 1}).expand_as(lse));
+    } else {
+      lse.fill_(-std::numeric_limits<float>::infinity());
+    }
     return true;
   }
   return false;
+}
+
+AttentionVariants make_variants(const at::Tensor& q, const AttentionDims& dims, bool& causal, int64_t window_left,
+                                int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
+                                const std::optional<at::Tensor>& sinks, const char* op) {
+  AttentionVariants v;
+  TORCH_CHECK(window_left >= -1 && window_right >= -1 && window_left < std::numeric_limits<int>::max() &&
+                  window_right < std::numeric_limits<int>::max(),
+              op, ": window bounds must be -1 or in [0, 2^31), got (", to_string(window_left), ", ",
+              to_string(window_right), ")");
+  TORCH_CHECK(!causal || window_right <= 0, op, ": causal is the (-1, 0) window; got causal with window (",
+              to_string(window_left), ", ", to_string(window_right), ")");
+  if (causal && window_left >= 0) {
+    causal = false;
+    window_right = 0;
+  }
+  TORCH_CHECK(std::isfinite(softcap) && softcap >= 0, op, ": softcap must be finite and >= 0, got ",
+              to_string(softcap));
+  // A bound that excludes no key is -1 (key - query - (Sk - Sq) lies in [1 - Sk, Sq - 1]): the kernels
+  // then never form row + bound sums that could overflow.
+  if (window_left >= dims.seqlen_k - 1) window_left = -1;
+  if (!causal && window_right >= dims.seqlen_q - 1) window_right = -1;
+  v.window_left = static_cast<int>(window_left);
+  v.window_right = causal ? 0 : static_cast<int>(window_right);
+  v.softcap = static_cast<float>(softcap);
+  auto check_f32 = [&](const at::Tensor& t, const char* name) {
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.device() == q.device() && t.is_contiguous(), op, ": ", name,
+                " must be a contiguous float32 tensor on ", q.device());
+  };
+  if (alibi_slopes.has_value()) {
+    const at::Tensor& a = *alibi_slopes;
+    check_f32(a, "alibi_slopes");
+    const bool per_head = a.dim() == 1 && a.size(0) == dims.heads_q;
+    const bool per_batch = a.dim() == 2 && a.size(0) == dims.batch && a.size(1) == dims.heads_q;
+    TORCH_CHECK(per_head || per_batch, op, ": alibi_slopes must have shape (heads_q,) or (batch, heads_q)");
+    v.alibi_slopes = a.data_ptr<float>();
+    v.alibi_batch_stride = per_batch ? dims.heads_q : 0;
+  }
+  if (sinks.has_value()) {
+    const at::Tensor& s = *sinks;
+    check_f32(s, "sinks");
+    TORCH_CHECK(s.dim() == 1 && s.size(0) == dims.heads_q, op, ": sinks must have shape (heads_q,)");
+    v.sinks = s.data_ptr<float>();
+  }
+  return v;
 }
 
 at::Tensor fold_scale_into_q(const at::Tensor& q, double& scale) {
@@ -139,7 +189,8 @@ void check_forward_sizes(const AttentionDims& dims, const char* backend) {
 }
 
 FwdParams make_fwd_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
-                          at::Tensor& lse, const AttentionDims& dims, double scale, bool causal) {
+                          at::Tensor& lse, const AttentionDims& dims, double scale, bool causal,
+                          const AttentionVariants& variants) {
   FwdParams p{};
   p.q = q.data_ptr();
   p.k = k.data_ptr();
@@ -163,6 +214,11 @@ FwdParams make_fwd_params(const at::Tensor& q, const at::Tensor& k, const at::Te
   p.scale = static_cast<float>(scale);
   p.scale_log2 = static_cast<float>(scale * kLog2e);
   p.causal = causal;
+  p.variants = variants;
+  if (causal) {  // the contract's (-1, 0) window, also for callers that pass no variants
+    p.variants.window_left = -1;
+    p.variants.window_right = 0;
+  }
   return p;
 }
 
@@ -170,7 +226,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& softmax_lse, double softmax_scale, bool causal, bool deterministic,
     const AttentionDims& dims, const Device& dev, int block_m, int tile_width, BwdLaunch launch,
-    const char* kernel_name) {
+    const char* kernel_name, const AttentionVariants& variants) {
   const int64_t B = dims.batch, Sq = dims.seqlen_q, Sk = dims.seqlen_k;
   const int64_t Hq = dims.heads_q, Hk = dims.heads_k, D = dims.headdim;
   // Outputs: contiguous, like the inputs they are gradients of.
@@ -248,6 +304,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(
   p.scale = static_cast<float>(softmax_scale);
   p.scale_log2 = static_cast<float>(softmax_scale * kLog2e);
   p.causal = causal;
+  p.variants = variants;
+  if (causal) {  // the contract's (-1, 0) window, also for callers that pass no variants
+    p.variants.window_left = -1;
+    p.variants.window_right = 0;
+  }
   p.deterministic = deterministic;
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q_in.get_device()).stream();

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -106,8 +107,19 @@ at::Tensor readable(const at::Tensor& t, StrideLimits limits);
 // ---------------------------------------------------------------- forward
 
 // Allocates out (B, Sq, Hq, D) and lse (B, Hq, Sq). Returns true when the problem is empty and
-// they are already final: no query rows, or no keys (every row sees nothing: 0 and -inf).
-bool allocate_forward_outputs(const at::Tensor& q, const AttentionDims& dims, at::Tensor& out, at::Tensor& lse);
+// they are already final: no query rows, or no keys (every row sees nothing: 0 and -inf, or the
+// row's sink when `sinks` (heads_q,) is given).
+bool allocate_forward_outputs(const at::Tensor& q, const AttentionDims& dims, at::Tensor& out, at::Tensor& lse,
+                              const std::optional<at::Tensor>& sinks = std::nullopt);
+
+// AttentionVariants from the ops' arguments (checked by the Python layer: float32, contiguous, on
+// q's device; alibi_slopes (heads_q,) or (batch, heads_q), sinks (heads_q,)), with the checks that
+// keep a kernel from reading out of bounds repeated. causal: the (-1, 0) window; causal with a left
+// bound becomes the window (left, 0) with causal false (the contract's normal form). The tensors must
+// outlive the launch (they are the caller's arguments).
+AttentionVariants make_variants(const at::Tensor& q, const AttentionDims& dims, bool& causal, int64_t window_left,
+                                int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
+                                const std::optional<at::Tensor>& sinks, const char* op);
 
 // The forward kernels keep a running max of raw scores, so they assume a positive scale. A negative
 // scale is folded into q ((-q) k^T |s| == q k^T s); a zero scale (uniform attention) becomes the
@@ -118,9 +130,12 @@ at::Tensor fold_scale_into_q(const at::Tensor& q, double& scale);
 // The checks a non-empty forward problem must pass before its params are filled (int sizes, grid).
 void check_forward_sizes(const AttentionDims& dims, const char* backend);
 
-// FwdParams from tensors the kernel can read (see readable).
+// FwdParams from tensors the kernel can read (see readable). `scale` is the kernel's (after
+// fold_scale_into_q): the variants are in the units of the user's scale, and scale * q.k with the
+// folded q and scale is the user's score, so they need no change.
 FwdParams make_fwd_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
-                          at::Tensor& lse, const AttentionDims& dims, double scale, bool causal);
+                          at::Tensor& lse, const AttentionDims& dims, double scale, bool causal,
+                          const AttentionVariants& variants = AttentionVariants{});
 
 // ---------------------------------------------------------------- backward
 
@@ -133,7 +148,8 @@ using BwdLaunch = cudaError_t (*)(const BwdParams&, cudaStream_t);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& softmax_lse, double softmax_scale, bool causal, bool deterministic, const AttentionDims& dims,
-    const Device& dev, int block_m, int tile_width, BwdLaunch launch, const char* kernel_name);
+    const Device& dev, int block_m, int tile_width, BwdLaunch launch, const char* kernel_name,
+    const AttentionVariants& variants = AttentionVariants{});
 
 }  // namespace glue
 }  // namespace flashop

@@ -29,7 +29,12 @@ template <> __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat
 // (B, S, H, hd + head_pad) with the head_pad columns NaN, outputs (B, S, H, hd + 8) with the last 8
 // columns a sentinel: a read past hd poisons the gradients, a write past it changes the sentinel, and
 // every cp.async source (zero fills included) is checked to lie inside a row's first hd columns.
-struct Problem { int B, Sq, Sk, Hq, Hk; bool causal; bool det; int head_pad; float scale_mul; int hd = 0; };
+// Variants (csrc/attention_variants.h), normalised as the ops pass them: causal is causal = true with
+// window (-1, 0); a general window has causal = false. alibi: 0 none, 1 slopes (Hq,), 2 slopes (B, Hq).
+// sinks: the reference forward's lse includes them (the backward kernels take them through lse only).
+struct Variant { int wl = -1, wr = -1; float softcap = 0.f; int alibi = 0; bool sinks = false; };
+struct Problem { int B, Sq, Sk, Hq, Hk; bool causal; bool det; int head_pad; float scale_mul; int hd = 0; Variant var = {}; };
+Problem with(Problem p, Variant v) { p.var = v; return p; }
 
 template <class Cfg>
 bool run_case(const Problem& pr, unsigned seed, bool verbose = true) {
@@ -50,10 +55,23 @@ bool run_case(const Problem& pr, unsigned seed, bool verbose = true) {
   for (int b = 0; b < B; ++b) for (int s = 0; s < Sk; ++s) for (int h = 0; h < Hk; ++h) for (int d = 0; d < D; ++d) {
     k[idx(Sk, Hk, b, s, h, d)] = from_f<Elem>(nd(rng)); v[idx(Sk, Hk, b, s, h, d)] = from_f<Elem>(nd(rng)); }
   std::vector<float> lse(size_t(B) * Hq * Sq);
+  const Variant& var = pr.var;
+  std::vector<float> slopes(size_t(B) * Hq), sinks(Hq);
+  for (auto& x : slopes) x = 0.05f + 0.5f * std::fabs(nd(rng));
+  for (auto& x : sinks) x = 2.f * nd(rng);
+  // The contract, written out (csrc/attention_variants.h): query i sees key j iff both window bounds
+  // (and causal) hold, with off = Sk - Sq.
+  auto visible = [&](int i, int j) {
+    const long off = long(Sk) - Sq;
+    if (pr.causal && j > i + off) return false;
+    if (var.wl >= 0 && j < i + off - var.wl) return false;
+    if (var.wr >= 0 && j > i + off + var.wr) return false;
+    return true;
+  };
   // reference forward + backward in double
   std::vector<double> rdq(size_t(B) * Sq * Hq * D, 0), rdk(size_t(B) * Sk * Hk * D, 0), rdv(size_t(B) * Sk * Hk * D, 0);
   const int diag = Sk - Sq;
-  std::vector<double> P(size_t(Sq) * Sk), dP(size_t(Sq) * Sk);
+  std::vector<double> P(size_t(Sq) * Sk), dP(size_t(Sq) * Sk), dcap(size_t(Sq) * Sk, 1.0);
   for (int b = 0; b < B; ++b) for (int h = 0; h < Hq; ++h) {
     const int hk = h / ratio;
     for (int i = 0; i < Sq; ++i) {
@@ -61,14 +79,25 @@ bool run_case(const Problem& pr, unsigned seed, bool verbose = true) {
       for (int j = 0; j < Sk; ++j) {
         double sc = 0; for (int d = 0; d < D; ++d) sc += double(to_f(q[idx(Sq, Hq, b, i, h, d)])) * to_f(k[idx(Sk, Hk, b, j, hk, d)]);
         sc *= scale;
-        if (pr.causal && j > i + diag) sc = -INFINITY;
+        if (var.softcap > 0) {  // d(capped)/d(scale q.k) = 1 - tanh^2
+          const double th = std::tanh(sc / var.softcap);
+          sc = var.softcap * th;
+          dcap[size_t(i) * Sk + j] = 1.0 - th * th;
+        }
+        if (var.alibi) sc -= double(slopes[(var.alibi == 2 ? b * Hq : 0) + h]) * std::fabs(double(i + diag - j));
+        if (!visible(i, j)) sc = -INFINITY;
         P[size_t(i) * Sk + j] = sc; mx = std::max(mx, sc);
       }
       double l = 0;
-      if (mx == -INFINITY) { for (int j = 0; j < Sk; ++j) P[size_t(i) * Sk + j] = 0; lse[(size_t(b) * Hq + h) * Sq + i] = -INFINITY; }
-      else {
-        for (int j = 0; j < Sk; ++j) l += std::exp(P[size_t(i) * Sk + j] - mx);
-        const double L = mx + std::log(l);
+      const double sink = var.sinks ? double(sinks[h]) : -INFINITY;
+      if (mx == -INFINITY) {
+        for (int j = 0; j < Sk; ++j) P[size_t(i) * Sk + j] = 0;
+        lse[(size_t(b) * Hq + h) * Sq + i] = float(sink);
+      } else {
+        const double top = std::max(mx, sink);
+        for (int j = 0; j < Sk; ++j) l += std::exp(P[size_t(i) * Sk + j] - top);
+        if (var.sinks) l += std::exp(sink - top);
+        const double L = top + std::log(l);
         lse[(size_t(b) * Hq + h) * Sq + i] = float(L);
         for (int j = 0; j < Sk; ++j) P[size_t(i) * Sk + j] = std::exp(P[size_t(i) * Sk + j] - L);
       }
@@ -78,7 +107,7 @@ bool run_case(const Problem& pr, unsigned seed, bool verbose = true) {
       double Di = 0; for (int d = 0; d < D; ++d) Di += double(to_f(dout[idx(Sq, Hq, b, i, h, d)])) * to_f(o[idx(Sq, Hq, b, i, h, d)]);
       for (int j = 0; j < Sk; ++j) {
         double dp = 0; for (int d = 0; d < D; ++d) dp += double(to_f(dout[idx(Sq, Hq, b, i, h, d)])) * to_f(v[idx(Sk, Hk, b, j, hk, d)]);
-        dP[size_t(i) * Sk + j] = P[size_t(i) * Sk + j] * (dp - Di);  // dS
+        dP[size_t(i) * Sk + j] = P[size_t(i) * Sk + j] * (dp - Di) * dcap[size_t(i) * Sk + j];  // dS / scale
       }
     }
     for (int i = 0; i < Sq; ++i) for (int d = 0; d < D; ++d) { double acc = 0; for (int j = 0; j < Sk; ++j) acc += dP[size_t(i) * Sk + j] * to_f(k[idx(Sk, Hk, b, j, hk, d)]); rdq[((size_t(b) * Sq + i) * Hq + h) * D + d] = acc * scale; }
@@ -124,6 +153,12 @@ bool run_case(const Problem& pr, unsigned seed, bool verbose = true) {
   // ... and, deterministic, an L2 that holds 3 pairs' rows: groups of 3 (the L2 cap)
   p.l2_bytes = pr.det ? 3 * int64_t(ws.seqlen_q_rounded) * W * ratio * 8 : int64_t(1) << 30;
   p.scale = float(scale); p.scale_log2 = float(scale * 1.4426950408889634); p.causal = pr.causal; p.deterministic = pr.det;
+  p.variants.window_left = var.wl;
+  p.variants.window_right = pr.causal ? 0 : var.wr;
+  p.variants.softcap = var.softcap;
+  p.variants.alibi_slopes = var.alibi ? slopes.data() : nullptr;
+  p.variants.alibi_batch_stride = var.alibi == 2 ? Hq : 0;
+  p.variants.sinks = var.sinks ? sinks.data() : nullptr;  // unused by the backward
   // cp.async sources: inside q, k, v, dout (a row's first D columns) or the lse/D workspaces.
   bool bad_read = false;
   emu::state().check_global_read = [&](const void* src) {
@@ -173,6 +208,16 @@ bool run_case(const Problem& pr, unsigned seed, bool verbose = true) {
   return ok && !bad_read && !bad_write;
 }
 
+// Configs that run every variant case; the others (same code paths, other tiles and flags) run
+// variant_short, to keep a mode of the test within its time limit.
+bool all_variant_cases(const std::string& name) {
+  for (const char* n : {"bf16.d64.br64.bc64.w4", "bf16.d128.br64.bc128.w8.k32", "bf16.d64.br128.bc128.w8.k32.dpe.dqe.pfs.hreg",
+                        "bf16.d128.br64.bc128.w8.k32.dpe.dqe.pfs.hreg.qup", "fp16.d192.br64.bc64.w8.k32.q1.dpe.dqe",
+                        "bf16.d160.br64.bc64.w8.dpe.dqe.pfs.hreg"})
+    if (name == n) return true;
+  return false;
+}
+
 template <class Cfg>
 bool run_suite(const char* name, bool quick) {
   printf("== %s (smem %zu, WarpsN %d WarpsD %d, dQ warps %dx%d)\n", name, Cfg::kSmemBytes, Cfg::kWarpsN, Cfg::kWarpsD, Cfg::kWarpsMdQ, Cfg::kWarpsDdQ);
@@ -195,6 +240,30 @@ bool run_suite(const char* name, bool quick) {
   const int hd_short = Cfg::kHeadDim - 8, hd_far = Cfg::kHeadDim > 64 ? Cfg::kHeadDim - 56 : 8;
   cases.push_back({1, 100, 77, 2, 1, false, false, 8, 1.0f, hd_short});
   cases.push_back({2, 150, 60, 3, 1, true, true, 0, 1.3f, hd_far});
+  // Variants. Windows: {wl, wr}; causal + left is the window {wl, 0} without causal.
+  const std::vector<Problem> variant_cases = {
+    with({1, 200, 230, 2, 1, false, false, 0, 1.0f}, {40, -1}),                 // left only
+    with({1, 260, 150, 2, 1, false, true, 0, 1.0f}, {-1, 30}),                  // right only, first rows empty
+    with({1, 300, 300, 2, 1, false, true, 0, 1.0f}, {20, 10}),                  // both
+    with({1, 150, 290, 4, 2, false, true, 0, 1.0f}, {50, 0}),                   // causal + left
+    with({1, 300, 120, 2, 1, false, true, 0, 1.0f}, {60, -1}),                  // left, Sq > Sk
+    with({1, 300, 100, 2, 1, false, true, 0, 1.0f}, {5, 5}),                    // most rows empty
+    with({1, 64, 400, 2, 1, false, true, 0, 1.0f}, {10, 10}),                   // key tiles with no query
+    with({1, 150, 170, 2, 1, false, false, 0, 3.0f}, {-1, -1, 5.f}),            // softcap
+    with({1, 170, 150, 2, 1, true, true, 0, 3.0f}, {-1, 0, 2.f}),               // softcap, causal
+    with({1, 200, 200, 2, 1, false, false, 0, 1.0f}, {-1, -1, 0.f, 1}),         // ALiBi (Hq,)
+    with({2, 130, 190, 2, 1, true, true, 0, 1.0f}, {-1, 0, 0.f, 2}),            // ALiBi (B, Hq), causal
+    with({1, 200, 90, 2, 1, true, false, 0, 1.0f}, {-1, 0, 0.f, 0, true}),      // sinks, empty rows
+    with({2, 180, 250, 4, 2, false, true, 8, -0.8f}, {30, 20, 4.f, 2, true}),   // all, negative scale
+    with({1, 190, 160, 2, 1, false, false, 0, 2.0f}, {17, 3, 3.f, 1}),          // all but sinks
+    with({1, 140, 210, 2, 1, false, true, 0, 1.5f, hd_far}, {17, -1, 3.f, 1}),  // below the tile width
+  };
+  Problem causal_left_nondet = variant_cases[3];  // (qup walks only outside deterministic mode)
+  causal_left_nondet.det = false;
+  const std::vector<Problem> variant_short = {variant_cases[2], causal_left_nondet, variant_cases[6], variant_cases[12],
+                                              variant_cases[13]};
+  const std::vector<Problem>& variants = all_variant_cases(name) ? variant_cases : variant_short;
+  cases.insert(cases.end(), variants.begin(), variants.end());
   if (quick) {
     cases = {
       {1, 1, 1, 1, 1, false, false, 0, 1.0f},
@@ -207,12 +276,17 @@ bool run_suite(const char* name, bool quick) {
       {1, 3, 5, 2, 1, true, false, 16, 1.0f, 8},
       {3, 33, 65, 4, 2, false, true, 8, 2.0f, hd_far},
       {1, 129, 129, 1, 1, true, false, 0, 1.0f, hd_short},
+      with({1, 3, 5, 2, 1, false, true, 0, 1.0f}, {0, 0}),           // one key per row
+      with({1, 5, 3, 2, 1, false, false, 0, 1.0f}, {0, 0, 2.f, 1}),   // rows without keys, softcap, ALiBi
+      with({1, 129, 129, 1, 1, false, true, 0, 1.0f}, {1, -1}),
+      with({1, 1, 1, 1, 1, false, true, 0, 1.0f}, {-1, -1, 1.f, 2, true}),
+      with({1, 33, 300, 2, 1, false, true, 0, 1.0f, 8}, {0, 2, 0.5f, 2, true}),
     };
   }
   bool ok = true;
   unsigned seed = 1;
   for (const Problem& pr : cases) {
-    printf(" case B=%d Sq=%d Sk=%d Hq=%d Hk=%d causal=%d det=%d pad=%d headdim=%d\n", pr.B, pr.Sq, pr.Sk, pr.Hq, pr.Hk, pr.causal, pr.det, pr.head_pad, pr.hd > 0 ? pr.hd : Cfg::kHeadDim);
+    printf(" case B=%d Sq=%d Sk=%d Hq=%d Hk=%d causal=%d det=%d pad=%d headdim=%d scale*%g window=(%d,%d) softcap=%g alibi=%d sinks=%d\n", pr.B, pr.Sq, pr.Sk, pr.Hq, pr.Hk, pr.causal, pr.det, pr.head_pad, pr.hd > 0 ? pr.hd : Cfg::kHeadDim, pr.scale_mul, pr.var.wl, pr.var.wr, pr.var.softcap, pr.var.alibi, pr.var.sinks);
     ok &= run_case<Cfg>(pr, seed++);
   }
   return ok;

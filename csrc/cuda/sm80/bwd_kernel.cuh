@@ -16,12 +16,16 @@
 // Per query tile (S^T etc. are B_c x B_r; every warp owns a key slice, see
 // bwd_config.h for the warp grid):
 //   S^T  = K Q^T                       (mma, fp32)
-//   P^T  = exp2(S^T * scale*log2e - lse_i*log2e), masked (keys >= Sk, causal)
+//  [S^T  = softcap * tanh(S^T * scale / softcap) - slope * |query + Sk - Sq - key|
+//         (kScoreMod: score units, the exp2 factor is log2e)]
+//   P^T  = exp2(S^T * scale*log2e - lse_i*log2e), masked (keys >= Sk, outside
+//          the window; edge tiles only)
 //   dV  += P^T dO                      (P^T re-packed to 16 bit: from registers,
 //                                       or through shared memory when the warps
 //                                       sharing a key slice split the queries)
 //   dP^T = V dO^T
 //   dS^T = P^T * (dP^T - D_i)          -> shared memory (16 bit)
+//         (softcap: times 1 - tanh^2, the derivative of the cap)
 //   dK  += dS^T Q                      (scale applied once, at the end)
 //   dQ_i = dS K                        -> red.global.add.f32 into dq_accum
 // Two barriers per query tile (three when P^T is staged with one Q/dO buffer);
@@ -55,9 +59,12 @@
 //
 // Deterministic mode: every key tile that visits query tile (head h, i) adds
 // its dQ contribution in key-tile order. Tile n waits until
-// dq_semaphore[b][h][i] == n, adds, then increments it. The key tiles that see
-// a query tile are always a prefix 0..n_max of the key tiles (causal or not),
-// so the count is exactly the number of earlier contributors. Memory: one int
+// dq_semaphore[b][h][i] == n - n_lo(i), adds, then increments it. The key tiles
+// that see a query tile are a contiguous run n_lo(i)..n_hi(i) (the visible
+// query range of a key tile moves monotonically with it, both bounds), n_lo(i)
+// the tile of the first key row i*B_r's window reaches (0 without a left
+// bound), so the count is exactly the number of earlier contributors; key tiles
+// outside the run never touch the semaphore. Memory: one int
 // per (batch, q head, query tile), O(Sq). Progress relies on blocks of one
 // (batch, kv head) being dispatched in blockIdx.x order (key tile 0 first), as
 // the hardware does: a waiting block only ever waits on lower-numbered blocks
@@ -100,6 +107,29 @@ struct ElemOf<DType::kBf16> {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kAuxThreads = 256;  // preprocess and convert kernels
+
+// bwd_main_kernel's instantiations (its kVar).
+constexpr int kBwdDense = 0, kBwdLeft = 1, kBwdScoreMod = 2;
+
+// tanh on the SFU (sm75+; max relative error 2^-10.99, fwd_kernel.cuh says what
+// that means for a capped score), std::tanh on the emulator.
+// log2 on the SFU (lg2.approx.ftz: log2(0) = -inf), std::log2 on the emulator.
+constexpr float kLn2 = 0.6931471805599453f;
+#ifdef FLASHOP_BWD_EMULATE
+inline float tanh_approx(float x) { return std::tanh(x); }
+inline float log2_approx(float x) { return std::log2(x); }
+#else
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float log2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+#endif
 
 // Preprocess: a group of kLanes threads (power of two, <= 32, so a group never
 // straddles a warp) reduces one row of D/8 16-byte chunks.
@@ -324,7 +354,12 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_preproce
 
 // ---------------------------------------------------------------------------
 // 2. Main kernel. Grid (ceil(Sk / B_c), heads_k, batch); key tile fastest.
-template <class Cfg>
+// kVar: kBwdDense (no left window bound, softcap or ALiBi), kBwdLeft (a left
+// window bound), kBwdScoreMod (softcap or ALiBi, any window). Three
+// instantiations: the left bound alone grows the masked path by 10-25% of the
+// loop's instructions, the score modifications make the d64 loop spill, and
+// sliding-window attention should pay for neither.
+template <class Cfg, int kVar>
 FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_kernel(const BwdParams p) {
   using Elem = typename ElemOf<Cfg::kDType>::type;
   using L = BwdSmem<Cfg>;
@@ -379,17 +414,52 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
   const int wqm = warp % WMQ, wqd = warp / WMQ;
   const int key_row0 = wn * Cfg::kKeysPerWarp;
 
-  // Query tiles that can see this key tile. Causal: query i sees key j iff
-  // j <= i + diag; the first query that sees key0 is key0 - diag, and later
-  // queries see more, so the visible tiles are [m_first, m_tiles).
+  // Query tiles that can see this key tile. Query i sees key j iff
+  // left_off <= j - i <= right_off (has_left / has_right; causal is
+  // right_off = diag). The first query that sees key0 is key0 - right_off, the
+  // last that sees the tile's last key is key_last - left_off, and the queries
+  // between see some key of the tile: the visible tiles are [m_first, m_stop).
   const int diag = p.seqlen_k - p.seqlen_q;
+  const bool has_right = p.causal || p.variants.window_right >= 0;
+  const int right_off = diag + (p.causal ? 0 : p.variants.window_right);
+  const bool has_left = kVar != kBwdDense && p.variants.window_left >= 0;
+  const int left_off = diag - p.variants.window_left;
   const int m_tiles = (p.seqlen_q + M - 1) / M;
-  int m_first = 0;
-  if (p.causal) {
-    const int i_min = key0 - diag;
+  int m_first = 0, m_stop = m_tiles;
+  if (has_right) {
+    const int i_min = key0 - right_off;
     m_first = i_min <= 0 ? 0 : (i_min >= p.seqlen_q ? m_tiles : i_min / M);
   }
-  const int per_head = m_tiles - m_first;
+  if (has_left) {
+    const int key_last = (key0 + N < p.seqlen_k ? key0 + N : p.seqlen_k) - 1;
+    const int i_max = key_last - left_off;
+    m_stop = i_max < 0 ? 0 : (i_max >= p.seqlen_q ? m_tiles : i_max / M + 1);
+  }
+  const int per_head = m_stop > m_first ? m_stop - m_first : 0;
+  // kScoreMod: S^T moves to score units (softcap or ALiBi), whose exp2 factor is log2(e).
+  constexpr bool kScoreMod = kVar == kBwdScoreMod;
+  const float softcap = kScoreMod ? p.variants.softcap : 0.f;
+  const float cap_in = softcap > 0.f ? p.scale / softcap : 0.f;
+  const bool alibi = kScoreMod && p.variants.alibi_slopes != nullptr;
+  const bool score_units = kScoreMod && (softcap > 0.f || alibi);
+  const float exp_scale = score_units ? kLog2e : p.scale_log2;
+  // softcap: the derivative of the cap, 1 - tanh^2, for element e of accumulator [mt][nq] (key and
+  // query as in the mask below), recovered from its P = exp2(score * log2e - lse_log2) rather than
+  // kept from the forward pass over S^T (a register array as large as S^T, which spills):
+  // softcap * tanh = score + slope * distance, score = (log2(P) + lse_log2) * ln 2. tanh is clamped
+  // to [-1, 1]: P = 0 (masked keys, rows past Sq, underflow) gives -1, a factor 0, and dS = 0 as it
+  // must be. log2(P) is exact to 2^-22 absolute, tanh to about that over softcap.
+  const float inv_cap = softcap > 0.f ? 1.f / softcap : 0.f;
+  auto cap_derivative = [&](float pv, float l2, int mt, int nq, int e, int q0, float slope) {
+    float capped = (log2_approx(pv) + l2) * kLn2;
+    if (alibi) {
+      const int key = key0 + key_row0 + 16 * mt + g + 8 * (e >> 1);
+      const int query = q0 + 16 * wd + 2 * t + 16 * WD * (nq >> 1) + 8 * (nq & 1) + (e & 1);
+      capped = fmaf(slope, fabsf(float(query + diag - key)), capped);
+    }
+    const float th = fminf(fmaxf(capped * inv_cap, -1.f), 1.f);
+    return fmaf(-th, th, 1.f);
+  };
   const int total = per_head * p.head_ratio;  // steps: query heads of the group x visible tiles
 
   const uint32_t s0 = smem_u32(smem);
@@ -427,11 +497,12 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
   // qup (not deterministic): upward from m_start, wrapping from the last tile
   // to m_first; the next head starts when the walk is back at m_start.
   const bool walk_up = Cfg::kWalkUp && !p.deterministic;
-  const int m_start = !walk_up ? m_tiles - 1 : m_first + (p.causal || per_head == 0 ? 0 : n_block % per_head);
+  const int m_start =
+      !walk_up ? m_stop - 1 : m_first + (has_right || has_left || per_head == 0 ? 0 : n_block % per_head);
   auto advance = [&](int& hq, int& m) {
     if constexpr (Cfg::kWalkUp) {
       if (walk_up) {
-        m = m + 1 == m_tiles ? m_first : m + 1;
+        m = m + 1 == m_stop ? m_first : m + 1;
         if (m == m_start) ++hq;
         return;
       }
@@ -440,7 +511,7 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
       --m;
     } else {
       ++hq;
-      m = m_tiles - 1;
+      m = m_stop - 1;
     }
   };
   // Q_i, dO_i (zero rows past Sq) and lse_log2/D of tile (hq, m) into `stage`.
@@ -484,8 +555,11 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
   auto wait_dq_turn = [&]() -> int* {
     if (!p.deterministic) return nullptr;
     int* sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * p.num_m_blocks + m;
+    // n_lo: the first key tile that visits query tile m (see the header).
+    const int first_key = m * M + left_off;
+    const int n_lo = has_left && first_key > 0 ? first_key / N : 0;
     if (tid == 0)
-      while (ld_acquire(sem) != n_block) spin_pause();
+      while (ld_acquire(sem) != n_block - n_lo) spin_pause();
     barrier();
     return sem;
   };
@@ -542,7 +616,36 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
     // P^T = exp2(S^T * scale*log2e - lse_log2). Element e of accumulator
     // [mt][nq] is key (row) key_row0 + 16mt + g + 8(e/2), query (column)
     // 16(wd + WD(nq/2)) + 8(nq%2) + 2t + e%2.
-    const bool need_mask = key0 + N > p.seqlen_k || (p.causal && key0 + N - 1 > q0 + diag);
+    const bool need_mask = key0 + N > p.seqlen_k || (has_right && key0 + N - 1 - q0 > right_off) ||
+                           (has_left && key0 - (q0 + M - 1) < left_off);
+    // kScoreMod: S^T in score units (softcap, ALiBi).
+    float slope = 0.f;
+    if constexpr (kScoreMod) {
+      if (score_units) {
+        if (alibi) slope = p.variants.alibi_slopes[b * p.variants.alibi_batch_stride + hq];
+#pragma unroll
+        for (int nq = 0; nq < NQ; ++nq) {
+          const int qc_step = 16 * WD * (nq >> 1) + 8 * (nq & 1);
+#pragma unroll
+          for (int mt = 0; mt < KT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float x = s[mt][nq][e];
+              if (softcap > 0.f) {
+                x = softcap * tanh_approx(x * cap_in);
+              } else {
+                x *= p.scale;
+              }
+              if (alibi) {
+                const int key = key0 + key_row0 + 16 * mt + g + 8 * (e >> 1);
+                const int query = q0 + 16 * wd + 2 * t + qc_step + (e & 1);
+                x = fmaf(-slope, fabsf(float(query + diag - key)), x);
+              }
+              s[mt][nq][e] = x;
+            }
+        }
+      }
+    }
     if constexpr (Cfg::kDPEarly) {
       // dpe: the exponent only, -inf where masked (one branch); exp2 follows
       // dP^T's mma in the same basic block and is scheduled under it.
@@ -552,7 +655,7 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
         for (int mt = 0; mt < KT; ++mt)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            s[mt][nq][e] = fmaf(s[mt][nq][e], p.scale_log2, -((e & 1) ? lse2[nq].y : lse2[nq].x));
+            s[mt][nq][e] = fmaf(s[mt][nq][e], exp_scale, -((e & 1) ? lse2[nq].y : lse2[nq].x));
       if (need_mask) {
 #pragma unroll
         for (int nq = 0; nq < NQ; ++nq) {
@@ -563,7 +666,9 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
             for (int e = 0; e < 4; ++e) {
               const int key = key0 + key_row0 + 16 * mt + g + 8 * (e >> 1);
               const int query = q0 + 16 * wd + 2 * t + qc_step + (e & 1);
-              if (key >= p.seqlen_k || (p.causal && key > query + diag)) s[mt][nq][e] = -INFINITY;
+              if (key >= p.seqlen_k || (has_right && key > query + right_off) ||
+                  (has_left && key < query + left_off))
+                s[mt][nq][e] = -INFINITY;
             }
         }
       }
@@ -576,13 +681,15 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
       for (int mt = 0; mt < KT; ++mt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          s[mt][nq][e] = exp2_approx(fmaf(s[mt][nq][e], p.scale_log2, -((e & 1) ? l2.y : l2.x)));
+          s[mt][nq][e] = exp2_approx(fmaf(s[mt][nq][e], exp_scale, -((e & 1) ? l2.y : l2.x)));
         if (need_mask) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int key = key0 + key_row0 + 16 * mt + g + 8 * (e >> 1);
             const int query = q0 + 16 * wd + 2 * t + qc_step + (e & 1);
-            if (key >= p.seqlen_k || (p.causal && key > query + diag)) s[mt][nq][e] = 0.f;
+            if (key >= p.seqlen_k || (has_right && key > query + right_off) ||
+                (has_left && key < query + left_off))
+              s[mt][nq][e] = 0.f;
           }
         }
       }
@@ -647,6 +754,14 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
 #pragma unroll
           for (int e = 0; e < 4; ++e)
             dp[mt][nq][e] = s[mt][nq][e] * (dp[mt][nq][e] - ((e & 1) ? dd[nq].y : dd[nq].x));
+          if constexpr (kScoreMod) {
+            if (softcap > 0.f) {
+              const float2 l2 = lds_f32x2(baseL + (16 * WD * (nq >> 1) + 8 * (nq & 1)) * 4);
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                dp[mt][nq][e] *= cap_derivative(s[mt][nq][e], (e & 1) ? l2.y : l2.x, mt, nq, e, q0, slope);
+            }
+          }
           const uint32_t lo = pack2<Elem>(dp[mt][nq][0], dp[mt][nq][1]), hi = pack2<Elem>(dp[mt][nq][2], dp[mt][nq][3]);
           sts_u32(STile::at(baseS_c, 16 * mt, chunk_c), lo);
           sts_u32(STile::at(baseS_c, 16 * mt + 8, chunk_c), hi);
@@ -666,6 +781,14 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
       for (int mt = 0; mt < KT; ++mt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) dp[mt][nq][e] = s[mt][nq][e] * (dp[mt][nq][e] - ((e & 1) ? dd.y : dd.x));
+        if constexpr (kScoreMod) {
+          if (softcap > 0.f) {
+            const float2 l2 = lds_f32x2(baseL + qc_step * 4);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              dp[mt][nq][e] *= cap_derivative(s[mt][nq][e], (e & 1) ? l2.y : l2.x, mt, nq, e, q0, slope);
+          }
+        }
         sts_u32(STile::at(baseS_c, 16 * mt, chunk_c), pack2<Elem>(dp[mt][nq][0], dp[mt][nq][1]));
         sts_u32(STile::at(baseS_c, 16 * mt + 8, chunk_c), pack2<Elem>(dp[mt][nq][2], dp[mt][nq][3]));
       }
@@ -847,6 +970,12 @@ inline BwdGrids bwd_grids(const BwdParams& p) {
   return g;
 }
 
+// The main kernel's instantiation for a problem (bwd_main_kernel's kVar).
+inline int bwd_variant(const BwdParams& p) {
+  if (p.variants.softcap > 0.f || p.variants.alibi_slopes != nullptr) return kBwdScoreMod;
+  return p.variants.window_left >= 0 ? kBwdLeft : kBwdDense;
+}
+
 // The arguments a kernel of this config can take (the glue checks too).
 template <class Cfg>
 inline bool bwd_params_ok(const BwdParams& p) {
@@ -867,11 +996,15 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   constexpr std::size_t kSmem = Cfg::kSmemBytes;
+  const int var = bwd_variant(p);
+  auto* main_kernel = var == kBwdScoreMod ? &bwd_main_kernel<Cfg, kBwdScoreMod>
+                      : var == kBwdLeft   ? &bwd_main_kernel<Cfg, kBwdLeft>
+                                          : &bwd_main_kernel<Cfg, kBwdDense>;
   if (kSmem > 48 * 1024) {
-    err = cudaFuncSetAttribute(bwd_main_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+    err = cudaFuncSetAttribute(main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
     if (err != cudaSuccess) return err;
   }
-  bwd_main_kernel<Cfg><<<dim3(g.main[0], g.main[1], g.main[2]), Cfg::kThreads, kSmem, stream>>>(p);
+  main_kernel<<<dim3(g.main[0], g.main[1], g.main[2]), Cfg::kThreads, kSmem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   bwd_convert_dq_kernel<Cfg><<<dim3(g.conv[0], g.conv[1], g.conv[2]), kAuxThreads, 0, stream>>>(p);
@@ -886,7 +1019,15 @@ inline bool emulate_bwd(const BwdParams& p) {
   const BwdGrids g = bwd_grids<Cfg>(p);
   auto dims = [](const unsigned (&d)[3]) { return emu::Dim3{d[0], d[1], d[2]}; };
   emu::launch(dims(g.pre), kAuxThreads, 0, [&] { bwd_preprocess_kernel<Cfg>(p); });
-  emu::launch(dims(g.main), Cfg::kThreads, Cfg::kSmemBytes, [&] { bwd_main_kernel<Cfg>(p); });
+  const int var = bwd_variant(p);
+  emu::launch(dims(g.main), Cfg::kThreads, Cfg::kSmemBytes, [&] {
+    if (var == kBwdScoreMod)
+      bwd_main_kernel<Cfg, kBwdScoreMod>(p);
+    else if (var == kBwdLeft)
+      bwd_main_kernel<Cfg, kBwdLeft>(p);
+    else
+      bwd_main_kernel<Cfg, kBwdDense>(p);
+  });
   emu::launch(dims(g.conv), kAuxThreads, 0, [&] { bwd_convert_dq_kernel<Cfg>(p); });
   return true;
 }

@@ -3,14 +3,17 @@
 // One thread block computes B_r query rows of one (batch, head):
 //
 //   O = 0, m = -inf, l = 0                       (registers, per query row)
-//   for each key tile j (right to left; tiles right of the causal diagonal skipped):
+//   for each key tile j (right to left; only the tiles some row's window reaches):
 //     S   = Q K_j^T                               (mma, fp32 accumulators)
-//     S   = -inf where key >= Sk or (causal) key > query + Sk - Sq
+//    [S   = softcap * tanh(S * scale / softcap) - slope * |query + Sk - Sq - key|
+//           (kVariants with softcap or ALiBi: S in score units from here on, c = log2(e))]
+//     S   = -inf where key >= Sk or key is outside the query's window (edge tiles only)
 //     m'  = max(m, rowmax S)
 //     P   = exp2(S * c - m' * c),  c = scale * log2(e)    (one FMA + ex2)
 //     l   = l * exp2((m - m') * c) + rowsum P
 //     O   = O * exp2((m - m') * c) + P V_j        (P stays in registers)
 //   O /= l;  lse = m * scale + ln l               (0 and -inf when no key is seen)
+//   (sinks: exp(sink) joins l, with the max taken over m * scale and sink)
 //
 // Work split: warp w owns query rows [w * B_r/warps, (w+1) * B_r/warps) of the
 // tile: one or two m16 mma row tiles. Every warp reads the whole K and V
@@ -104,27 +107,81 @@ __device__ __forceinline__ void gemm_qk(
 }
 
 // Scores of keys a query row must not see become -inf: keys past the end of
-// the sequence (the zero-filled tail rows of K are not absent keys) and, when
-// causal, keys right of the bottom-right-aligned diagonal (key > row + Sk - Sq).
+// the sequence (the zero-filled tail rows of K are not absent keys) and keys
+// outside the row's window: key - row > right_off (has_right: causal or a right
+// window) or key - row < left_off (has_left). Called on edge tiles only.
 // Thread (g = lane/4, t = lane%4) holds rows g and g+8 of each m tile and
 // columns 2t, 2t+1 of each n8 tile.
-template <class Cfg>
+template <class Cfg, bool kLeft>
 __device__ __forceinline__ void mask_scores(
     float (&s)[FwdTraits<Cfg>::kMTiles][FwdTraits<Cfg>::kSTiles][4], int key0, int query0,
-    int lane, int seqlen_k, int diag, bool causal) {
+    int lane, int seqlen_k, bool has_right, int right_off, bool has_left, int left_off) {
   using Tr = FwdTraits<Cfg>;
 #pragma unroll
   for (int mt = 0; mt < Tr::kMTiles; ++mt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = query0 + mt * 16 + (lane >> 2) + 8 * h;
-      const int key_end = causal ? min(seqlen_k, row + diag + 1) : seqlen_k;  // first hidden key
+      const int key_end = has_right ? min(seqlen_k, row + right_off + 1) : seqlen_k;  // first hidden key
+      const int key_begin = kLeft && has_left ? row + left_off : 0;                   // first visible key
 #pragma unroll
       for (int nt = 0; nt < Tr::kSTiles; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = key0 + nt * 8 + 2 * (lane & 3) + e;
-          if (key >= key_end) s[mt][nt][2 * h + e] = -INFINITY;
+          if (key >= key_end || (kLeft && key < key_begin)) s[mt][nt][2 * h + e] = -INFINITY;
+        }
+      }
+    }
+  }
+}
+
+// tanh on the SFU (sm75+): max relative error 2^-10.99 (PTX ISA), so a capped
+// score softcap * tanh(x) is off by at most |score| * 2^-11, a quarter of the
+// rounding of a bf16 score.
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// kVariants: raw q.k into the contract's score units: scale * q.k, capped
+// (softcap > 0: softcap * tanh(scale * q.k / softcap)), minus the ALiBi bias
+// slope * |row + diag - key| (slope != 0). Masking follows (it overwrites).
+template <class Cfg>
+__device__ __forceinline__ void modify_scores(
+    float (&s)[FwdTraits<Cfg>::kMTiles][FwdTraits<Cfg>::kSTiles][4], int key0, int query0, int lane,
+    int diag, float scale, float softcap, float cap_in, float slope) {
+  using Tr = FwdTraits<Cfg>;
+  if (softcap > 0.f) {
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < Tr::kSTiles; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[mt][nt][i] = softcap * tanh_approx(s[mt][nt][i] * cap_in);
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < Tr::kSTiles; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[mt][nt][i] *= scale;
+  }
+  if (slope != 0.f) {
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // distance = |row + diag - key|, formed relative to the thread's first key
+        const int rel = query0 + mt * 16 + (lane >> 2) + 8 * h + diag - key0 - 2 * (lane & 3);
+#pragma unroll
+        for (int nt = 0; nt < Tr::kSTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float dist = fabsf(float(rel - nt * 8 - e));
+            s[mt][nt][2 * h + e] = fmaf(-slope, dist, s[mt][nt][2 * h + e]);
+          }
         }
       }
     }
@@ -230,11 +287,12 @@ __device__ __forceinline__ float* lse_ptr(const FwdParams& p, int batch, int hea
   return p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
 }
 
-// A query tile none of whose rows sees a key (causal with Sq > Sk): out = 0,
-// lse = -inf, without touching shared memory.
+// A query tile none of whose rows sees a key (causal with Sq > Sk, a window
+// that misses every key): out = 0, lse = -inf (the sink with sinks), without
+// touching shared memory.
 template <class Cfg, bool kPartialD>
 __device__ __forceinline__ void write_empty_tile(const FwdParams& p, typename FwdTraits<Cfg>::Elem* out,
-                                                 float* lse, int row0, int tid) {
+                                                 float* lse, int row0, int tid, float lse_value) {
   using Tr = FwdTraits<Cfg>;
   constexpr int kChunksPerRow = Tr::kD / 8;
   for (int i = tid; i < Tr::kBM * kChunksPerRow; i += Tr::kThreads) {
@@ -245,7 +303,7 @@ __device__ __forceinline__ void write_empty_tile(const FwdParams& p, typename Fw
     }
   }
   for (int i = tid; i < Tr::kBM; i += Tr::kThreads) {
-    if (row0 + i < p.seqlen_q) lse[row0 + i] = -INFINITY;
+    if (row0 + i < p.seqlen_q) lse[row0 + i] = lse_value;
   }
 }
 
@@ -253,7 +311,11 @@ __device__ __forceinline__ void write_empty_tile(const FwdParams& p, typename Fw
 // kPartialD: p.headdim < the tile width; columns past it are zero-filled on load and never stored.
 // A separate instantiation, so that full-width problems pay nothing for the column checks (the
 // d128 kernels run at 255 registers; the checks would make them spill).
-template <class Cfg, bool kPartialD>
+// kVariants: a left window bound, softcap or ALiBi (with the last two, the scores
+// move to score units after Q K^T, modify_scores); another instantiation, so that
+// the dense, causal and right-window loop keeps its registers (the left bound's
+// loop limit and mask bound alone make the d128 kernels spill).
+template <class Cfg, bool kPartialD, bool kVariants>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
   using Tr = FwdTraits<Cfg>;
   using Elem = typename Tr::Elem;
@@ -289,23 +351,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   const Elem* k = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
   const Elem* v = static_cast<const Elem*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
 
-  // Key tiles [0, n_tiles). Causal: query i sees key j iff j <= i + diag, so
-  // the block's last real row sees keys below min(Sq, row0 + B_r) + diag and
-  // every tile at or beyond that is skipped outright.
+  // The window as bounds on key - row (query row i sees key j iff
+  // left_off <= j - i <= right_off; causal is right_off = diag). Key tiles
+  // [n_first, n_last] hold every key some real row of the block sees: from the
+  // first row's first key to the last row's last key; tiles outside are skipped.
   const int diag = p.seqlen_k - p.seqlen_q;
-  int n_tiles = ceil_div(p.seqlen_k, kBN);
-  if (p.causal) {
-    const int keys_seen = min(p.seqlen_q, row0 + kBM) + diag;
-    n_tiles = keys_seen <= 0 ? 0 : min(n_tiles, ceil_div(keys_seen, kBN));
-  }
-  if (n_tiles == 0) {
-    write_empty_tile<Cfg, kPartialD>(p, output_ptr<Cfg>(p, batch, head), lse_ptr(p, batch, head), row0, tid);
+  const bool has_right = p.causal || p.variants.window_right >= 0;
+  const int right_off = diag + (p.causal ? 0 : p.variants.window_right);
+  const bool has_left = kVariants && p.variants.window_left >= 0;
+  const int left_off = diag - p.variants.window_left;
+  const int row_last = min(p.seqlen_q, row0 + kBM) - 1;
+  const int key_end = has_right ? min(p.seqlen_k, row_last + right_off + 1) : p.seqlen_k;
+  const int key_begin = has_left ? max(0, row0 + left_off) : 0;
+  if (key_end <= key_begin) {
+    const float empty_lse = p.variants.sinks != nullptr ? p.variants.sinks[head] : -INFINITY;
+    write_empty_tile<Cfg, kPartialD>(p, output_ptr<Cfg>(p, batch, head), lse_ptr(p, batch, head), row0, tid,
+                                     empty_lse);
     return;
   }
+  const int n_first = kVariants ? key_begin / kBN : 0;
 
   // Prologue: Q and the first key tile. Tiles run right to left, so the tiles
   // that need masking (the ragged tail, the diagonal) come first.
-  int n = n_tiles - 1;
+  int n = ceil_div(key_end, kBN) - 1;
   load_tile_async<QTile, kThreads, kPartialD>(sQ, q, p.q_row_stride, row0, p.seqlen_q, p.headdim, tid);
   load_tile_async<KVTile, kThreads, kPartialD>(sK, k, p.k_row_stride, n * kBN, p.seqlen_k, p.headdim, tid);
   if constexpr (Cfg::kKVDoubleBuffer) {
@@ -346,26 +414,40 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
   const int query0 = row0 + warp_row0;  // first query row of this warp
 
-  // Tiles n >= n_plain need a mask: the ragged last tile (keys past Sk) and,
-  // when causal, those reaching right of the first row's diagonal
-  // (key > row0 + diag). Iterating right to left, they come first; the
-  // tiles below n_plain are entirely visible to every row of the block.
-  const int visible_end = p.causal ? min(p.seqlen_k, row0 + diag + 1) : p.seqlen_k;
+  // Tiles n >= n_plain need a mask: the ragged last tile (keys past Sk) and
+  // those reaching right of the first row's last key (key > row0 + right_off).
+  // Tiles n < n_left reach left of the last row's first key (a left window).
+  // Iterating right to left, the right edge comes first, the left edge last;
+  // the tiles between are entirely visible to every row of the block.
+  const int visible_end = has_right ? min(p.seqlen_k, row0 + right_off + 1) : p.seqlen_k;
   const int n_plain = visible_end > 0 ? visible_end / kBN : 0;
+  const int left_need = has_left ? row_last + left_off : 0;
+  const int n_left = kVariants && left_need > 0 ? ceil_div(left_need, kBN) : 0;
+
+  // kVariants: per-block constants of modify_scores; score_units: S is in score
+  // units after it (softcap or ALiBi), so its exp2 factor is log2(e), not scale * log2(e).
+  const float softcap = kVariants ? p.variants.softcap : 0.f;
+  const float cap_in = softcap > 0.f ? p.scale / softcap : 0.f;
+  const float slope = kVariants && p.variants.alibi_slopes != nullptr
+                          ? p.variants.alibi_slopes[batch * p.variants.alibi_batch_stride + head]
+                          : 0.f;
+  const bool score_units = kVariants && (softcap > 0.f || p.variants.alibi_slopes != nullptr);
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float exp_scale = score_units ? kLog2e : p.scale_log2;
 
   // One key tile: loads for the next tile, S = Q K^T, (mask), softmax, O += P V.
   // A single loop with a block-uniform branch around the mask: peeling the
   // masked tiles into a loop of their own duplicates the body and costs
   // registers (ptxas then spills), for no gain in the unmasked steps.
   uint32_t stage_off = 0;  // kv2: byte offset of the stage holding tile n (toggles)
-  for (; n >= 0; --n) {
+  for (; n >= n_first; --n) {
     const LdsmAddr<KVTile> k_addr = k_addr0.shifted(stage_off);
     const LdsmAddr<KVTile> v_addr = v_addr0.shifted(stage_off);
 
     if constexpr (Cfg::kKVDoubleBuffer) {
       // Prefetch tile n-1 into the other stage; the barrier that ended the
       // previous step guarantees every warp is done reading it.
-      if (n > 0) {
+      if (n > n_first) {
         const uint32_t other = stage_off ^ KVTile::kBytes;
         load_tile_async<KVTile, kThreads, kPartialD>(sK + other, k, p.k_row_stride, (n - 1) * kBN, p.seqlen_k, p.headdim,
                                           tid);
@@ -390,23 +472,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       }
     }
     gemm_qk<Cfg>(s, q_frag, q_addr, k_addr);
-    if (n >= n_plain) mask_scores<Cfg>(s, n * kBN, query0, lane, p.seqlen_k, diag, p.causal);
+    if constexpr (kVariants) {
+      if (score_units) modify_scores<Cfg>(s, n * kBN, query0, lane, diag, p.scale, softcap, cap_in, slope);
+    }
+    if (n >= n_plain || n < n_left) {
+      mask_scores<Cfg, kVariants>(s, n * kBN, query0, lane, p.seqlen_k, has_right, right_off, has_left, left_off);
+    }
 
     if constexpr (!Cfg::kKVDoubleBuffer) {
       // V_n has landed for every thread, and every warp is done reading K_n,
       // so K_{n-1} may overwrite it; it streams in under softmax and P V_n.
       cp_async_wait<0>();
       __syncthreads();
-      if (n > 0) {
+      if (n > n_first) {
         load_tile_async<KVTile, kThreads, kPartialD>(sK, k, p.k_row_stride, (n - 1) * kBN, p.seqlen_k, p.headdim, tid);
       }
       cp_async_commit();
     }
 
-    softmax_update<Cfg>(s, o, row_max, row_sum, p.scale_log2);
+    softmax_update<Cfg>(s, o, row_max, row_sum, exp_scale);
     gemm_pv<Cfg>(o, s, v_addr);
 
-    if (n > 0) {
+    if (n > n_first) {
       // kv2: tile n-1 has landed for every thread, and every warp is done with
       // this step's stage, which the next step's prefetch overwrites.
       // Otherwise: K_{n-1} has landed, and every warp is done with P V_n, so
@@ -421,6 +508,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   // (Output pointers are formed only now so they hold no registers in the loop.)
   Elem* out = output_ptr<Cfg>(p, batch, head);
   float* lse = lse_ptr(p, batch, head);
+  const float* sinks = p.variants.sinks;
+  const float sink = sinks != nullptr ? sinks[head] : 0.f;
+  const float max_scale = score_units ? 1.f : p.scale;  // row_max in score units
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -431,16 +521,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       // sum >= 1 once the row has seen any key (its max contributes exp2(0));
       // sum == 0 means no visible key: out = 0, lse = -inf.
       const bool seen = sum > 0.f;
-      const float inv = seen ? 1.f / sum : 0.f;
+      float inv = seen ? 1.f / sum : 0.f;
+      float row_lse = seen ? row_max[mt][h] * max_scale + __logf(sum) : -INFINITY;
+      if (sinks != nullptr) {
+        // l = sum * exp(m) + exp(sink), taken relative to the larger of the two
+        // (m = -inf when no key is seen: out 0, lse = sink).
+        const float m = seen ? row_max[mt][h] * max_scale : -INFINITY;
+        const float top = fmaxf(m, sink);
+        const float w = seen ? __expf(m - top) : 0.f;
+        const float total = sum * w + __expf(sink - top);
+        inv = top == -INFINITY ? 0.f : w / total;  // (a sink of -inf on a row without keys)
+        row_lse = top == -INFINITY ? -INFINITY : top + __logf(total);
+      }
 #pragma unroll
       for (int nt = 0; nt < Tr::kOTiles; ++nt) {
         o[mt][nt][2 * h] *= inv;
         o[mt][nt][2 * h + 1] *= inv;
       }
       const int row = query0 + mt * 16 + (lane >> 2) + 8 * h;
-      if ((lane & 3) == 0 && row < p.seqlen_q) {
-        lse[row] = seen ? row_max[mt][h] * p.scale + __logf(sum) : -INFINITY;
-      }
+      if ((lane & 3) == 0 && row < p.seqlen_q) lse[row] = row_lse;
     }
   }
 
@@ -487,7 +586,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 // ---------------------------------------------------------------------------
 // Host launcher; the generator instantiates it once per config.
 // Sk == 0 needs no special case: every query tile is then empty and writes
-// out = 0, lse = -inf.
+// out = 0, lse = -inf (the sink).
 template <class Cfg>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   if (p.headdim > Cfg::kHeadDim || p.headdim < 8 || p.headdim % 8 != 0 || p.head_ratio < 1) {
@@ -496,18 +595,21 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return cudaSuccess;  // nothing to write
   constexpr int kSmem = int(Cfg::kSmemBytes);
   const bool partial = p.headdim < Cfg::kHeadDim;
-  auto* kernel = partial ? &fwd_kernel<Cfg, true> : &fwd_kernel<Cfg, false>;
+  const bool mod = p.variants.window_left >= 0 || p.variants.softcap > 0.f || p.variants.alibi_slopes != nullptr;
+  auto* kernel = partial ? (mod ? &fwd_kernel<Cfg, true, true> : &fwd_kernel<Cfg, true, false>)
+                         : (mod ? &fwd_kernel<Cfg, false, true> : &fwd_kernel<Cfg, false, false>);
+  const int which = 2 * int(partial) + int(mod);
   if (kSmem > 48 * 1024) {
     // Dynamic shared memory beyond 48 KiB must be opted into, per device and kernel.
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
-    static std::atomic<unsigned long long> configured[2] = {{0}, {0}};  // one bit per device
+    static std::atomic<unsigned long long> configured[4] = {{0}, {0}, {0}, {0}};  // one bit per device
     const unsigned long long bit = dev < 64 ? (1ull << dev) : 0ull;
-    if (bit == 0 || (configured[partial].load(std::memory_order_acquire) & bit) == 0) {
+    if (bit == 0 || (configured[which].load(std::memory_order_acquire) & bit) == 0) {
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
       if (err != cudaSuccess) return err;
-      configured[partial].fetch_or(bit, std::memory_order_acq_rel);
+      configured[which].fetch_or(bit, std::memory_order_acq_rel);
     }
   }
   const dim3 grid(ceil_div(p.seqlen_q, Cfg::kBlockM), p.heads_q, p.batch);
