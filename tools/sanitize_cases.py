@@ -97,6 +97,26 @@ def main(patterns):
                 if not err < 5e-2:
                     failures += 1
                     print(f"FAIL {name} d{headdim} {(b, sq, sk, hq, hk)} causal={causal}: max grad error {err:.3e}")
+        if not flashop.dispatch.runs_variants(flashop.dispatch.parse_config(name)):
+            continue
+        for variant in VARIANTS:
+            for b, sq, sk, hq, hk in VARIANT_SHAPES:
+                q = torch.randn(b, sq, hq, width, device="cuda", dtype=dtype)
+                k, v = (torch.randn(b, sk, hk, width, device="cuda", dtype=dtype) for _ in range(2))
+                left, right, softcap, slopes, sink = variant_args(variant, b, hq)
+                out, lse = torch.ops.flashop.forward(q, k, v, None, False, None, False, left, right, softcap, slopes,
+                                                     sink)
+                dout = torch.randn_like(out)
+                deterministic = not name.startswith("sm90.bwd.")
+                grads = torch.ops.flashop.backward(dout, q, k, v, out, lse, None, False, name, deterministic, left,
+                                                   right, softcap, slopes)
+                cpu = [t.cpu().float() for t in (dout, q, k, v, out)]
+                ref = torch.ops.flashop.backward(*cpu, lse.cpu(), None, False, None, False, left, right, softcap,
+                                                 slopes.cpu() if slopes is not None else None)
+                err = max((g.cpu().float() - r).abs().max().item() for g, r in zip(grads, ref))
+                if not err < 5e-2:
+                    failures += 1
+                    print(f"FAIL {name} {variant} {(b, sq, sk, hq, hk)}: max grad error {err:.3e}")
     torch.cuda.synchronize()
     print(f"sanitize cases done: {len(names)} forward and {len(bwd_names)} backward configs, {failures} failures")
     sys.exit(1 if failures else 0)
