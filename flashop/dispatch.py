@@ -48,6 +48,8 @@ class Problem:
     batch_heads: int  # batch x query heads
     causal: bool
     direction: str = "forward"
+    # A local window, softcap, ALiBi or sinks (csrc/attention_variants.h): only configs built with them run it.
+    variants: bool = False
 
 
 _DTYPE_CODES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -113,10 +115,11 @@ NO_KERNEL_HINT = "CUDA kernels take float16/bfloat16 with headdim 1 to 256"
 
 
 def check_config(config: str | None, device: torch.device, dtype: torch.dtype, headdim: int, direction: str,
-                 deterministic: bool = False):
+                 deterministic: bool = False, variants: bool = False):
     """The rules for `config=`; the same in eager kernels and fake kernels. With config=None on CUDA,
     some built kernel must take this dtype and headdim. A named wgmma backward config (`sm90.bwd.`)
-    cannot be deterministic."""
+    cannot be deterministic; a named config built without the attention variants cannot run them
+    (`variants`: meta.variants_requested, read off the arguments as given)."""
     op = f"flashop.{direction}"
     if config is None:
         if device.type == "cuda":
@@ -142,6 +145,9 @@ def check_config(config: str | None, device: torch.device, dtype: torch.dtype, h
     if config_dtype != dtype_code(dtype) or config_headdim < kernel_headdim(headdim):
         raise RuntimeError(f"{op}: kernel config '{config}' is for {config_dtype} headdim up to {config_headdim}, "
                            f"but the inputs are {dtype} headdim {headdim}")
+    if variants and not runs_variants(parse_config(config)):
+        raise RuntimeError(f"{op}: kernel config '{config}' is built without the attention variants (window, "
+                           "softcap, alibi_slopes, learnable_sink); name another config or pass config=None")
 
 
 # ---------------------------------------------------------------- the policy
@@ -222,11 +228,11 @@ PERSISTENT_REGISTER_O_FROM = {128: 4096}
 HOPPER_BACKWARD_HEADDIMS = (96, 128, 160, 192, 224, 256)
 
 
-def mma_sync_backward_config(q: torch.Tensor, k: torch.Tensor, causal: bool) -> str:
+def mma_sync_backward_config(q: torch.Tensor, k: torch.Tensor, causal: bool, variants: bool = False) -> str:
     """The policy's backward pick among the mma.sync configs only: deterministic=True needs one (the
     wgmma backward adds dQ with atomics in any order)."""
     device = DeviceInfo.of(q.device.index if q.device.index is not None else torch.cuda.current_device())
-    problem = problem_of(q, k, causal, "backward")
+    problem = problem_of(q, k, causal, "backward", variants)
     built = [n for n in built_configs("backward") if not n.startswith("sm90.bwd.")]
     return choose_config(device, problem, built, tuned_entries(device.name))[0]
 
@@ -299,6 +305,11 @@ def runs_on(config, capability: tuple[int, int]) -> bool:
     return capability[0] * 10 + capability[1] >= getattr(config, "min_sm", 80)
 
 
+def runs_variants(config) -> bool:
+    """Whether a config's kernel is built with the attention variants (every mma.sync config is)."""
+    return getattr(config, "supports_variants", True)
+
+
 def candidates(device: DeviceInfo, problem: Problem, built: list[str]) -> list:
     """Built configs that run this problem on this device: the dtype matches, shared memory fits and,
     in each kernel family, the tile width is the narrowest built one that holds the head dimension
@@ -307,7 +318,8 @@ def candidates(device: DeviceInfo, problem: Problem, built: list[str]) -> list:
     for name in built:
         config = parse_config(name)
         if (config.dtype == problem.dtype and config.headdim >= kernel_headdim(problem.headdim)
-                and config.smem_bytes() <= device.smem_per_block and runs_on(config, device.capability)):
+                and config.smem_bytes() <= device.smem_per_block and runs_on(config, device.capability)
+                and (not problem.variants or runs_variants(config))):
             fitting.append(config)
     narrowest = {}
     for config in fitting:
@@ -362,15 +374,15 @@ def _choose(device: DeviceInfo, problem: Problem, pool: list, tuned: dict | None
     return best.name, "heuristic table" + ("" if _shape_of(best) in rank else " (fallback: largest tiles)")
 
 
-def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, direction: str) -> Problem:
+def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, direction: str, variants: bool = False) -> Problem:
     return Problem(dtype_code(q.dtype) or str(q.dtype).removeprefix("torch."), q.size(-1), q.size(1), k.size(1),
-                   q.size(0) * q.size(2), bool(causal), direction)
+                   q.size(0) * q.size(2), bool(causal), direction, bool(variants))
 
 
-def config_for(q: torch.Tensor, k: torch.Tensor, causal: bool, direction: str) -> str:
+def config_for(q: torch.Tensor, k: torch.Tensor, causal: bool, direction: str, variants: bool = False) -> str:
     """The run-time entry point used inside the CUDA kernel registration."""
     device = DeviceInfo.of(q.device.index if q.device.index is not None else torch.cuda.current_device())
-    return _choose_cached(device, problem_of(q, k, causal, direction))
+    return _choose_cached(device, problem_of(q, k, causal, direction, variants))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -92,6 +92,13 @@ def check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_
         _variant_tensor(learnable_sink, "learnable_sink", q, [[heads_q]], f"(nheads,) = ({heads_q},)")
 
 
+def variants_requested(causal, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink=None):
+    """Whether the arguments, as given, ask for more than dense or causal attention (before the window is
+    normalised against the sequence lengths, so eager and traced calls judge a named config alike)."""
+    return (window_size_left >= 0 or (window_size_right > 0 and not causal) or softcap > 0
+            or alibi_slopes is not None or learnable_sink is not None)
+
+
 def normalize_window(causal, window_size_left, window_size_right, seqlen_q, seqlen_k):
     """(causal, left, right) as the kernels take them (csrc/checks.cpp check_variants): causal sets the
     right bound to 0, a bound that excludes no key becomes -1, causal is exactly the (-1, 0) window."""
@@ -117,7 +124,8 @@ def forward_fake(q, k, v, softmax_scale=None, causal=False, config=None, determi
     batch, seqlen_q, _, heads_q, _, headdim = dims
     check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink)
     check_softmax_scale(softmax_scale)
-    dispatch.check_config(config, q.device, q.dtype, headdim, "forward")
+    dispatch.check_config(config, q.device, q.dtype, headdim, "forward", variants=variants_requested(
+        causal, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink))
     out = q.new_empty(q.shape)
     softmax_lse = q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
     return out, softmax_lse
@@ -130,5 +138,6 @@ def backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=Fa
     check_backward_inputs(dout, q, out, softmax_lse, dims)
     check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes)
     check_softmax_scale(softmax_scale)
-    dispatch.check_config(config, q.device, q.dtype, dims[5], "backward", deterministic)
+    dispatch.check_config(config, q.device, q.dtype, dims[5], "backward", deterministic, variants=variants_requested(
+        causal, window_size_left, window_size_right, softcap, alibi_slopes))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -54,14 +54,12 @@ torch.library.register_autograd("flashop::forward", _backward, setup_context=_se
 
 if _C.WITH_CUDA:
 
-    def _cuda_variants(op, q, k, causal, window_size_left, window_size_right, softcap, alibi_slopes,
-                       learnable_sink=None):
-        """The normalised window; the CUDA kernels run the variants once they are verified on the GPU."""
+    def _cuda_variants(q, k, causal, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink=None):
+        """(causal, the kernels' variant arguments, whether any is on): the window normalised as the CPU
+        kernels' checks do (csrc/checks.cpp), so causal is exactly the (-1, 0) window."""
         causal, left, right = meta.normalize_window(causal, window_size_left, window_size_right, q.size(1), k.size(1))
-        if left >= 0 or right > 0 or softcap > 0 or alibi_slopes is not None or learnable_sink is not None:
-            raise NotImplementedError(
-                f"{op} (CUDA): local windows, softcap, ALiBi and learnable sinks run on the CPU backend only so far")
-        return causal
+        on = left >= 0 or right > 0 or softcap > 0 or alibi_slopes is not None or learnable_sink is not None
+        return causal, (left, right, float(softcap), alibi_slopes), on
 
     @torch.library.register_kernel("flashop::forward", "cuda")
     def _forward_cuda(q, k, v, softmax_scale=None, causal=False, config=None, deterministic=False,
@@ -71,17 +69,19 @@ if _C.WITH_CUDA:
         # error messages with numbers (csrc/cuda/sm90/bindings_sm90.cpp says why).
         dims = meta.check_forward_inputs(q, k, v)
         meta.check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink)
-        causal = _cuda_variants("flashop.forward", q, k, causal, window_size_left, window_size_right, softcap,
-                                alibi_slopes, learnable_sink)
+        requested = meta.variants_requested(causal, window_size_left, window_size_right, softcap, alibi_slopes,
+                                            learnable_sink)
+        causal, variants, variants_on = _cuda_variants(q, k, causal, window_size_left, window_size_right, softcap,
+                                                       alibi_slopes, learnable_sink)
         meta.check_softmax_scale(softmax_scale)
-        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "forward")
+        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "forward", variants=requested)
         if config is None:
-            config = dispatch.config_for(q, k, causal, "forward")
+            config = dispatch.config_for(q, k, causal, "forward", variants_on)
         scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
         headdim = q.size(-1)
         q, k, v = _pad_headdim(q, k, v)
         native = dispatch.hopper_module() if config.startswith("sm90.") else _C
-        out, softmax_lse = native.forward(q, k, v, scale, causal, config)
+        out, softmax_lse = native.forward(q, k, v, scale, causal, config, *variants, learnable_sink)
         return _unpad_headdim(headdim, out)[0], softmax_lse
 
     @torch.library.register_kernel("flashop::backward", "cuda")
@@ -90,19 +90,20 @@ if _C.WITH_CUDA:
         dims = meta.check_forward_inputs(q, k, v)
         meta.check_backward_inputs(dout, q, out, softmax_lse, dims)
         meta.check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes)
-        causal = _cuda_variants("flashop.backward", q, k, causal, window_size_left, window_size_right, softcap,
-                                alibi_slopes)
+        requested = meta.variants_requested(causal, window_size_left, window_size_right, softcap, alibi_slopes)
+        causal, variants, variants_on = _cuda_variants(q, k, causal, window_size_left, window_size_right, softcap,
+                                                       alibi_slopes)
         meta.check_softmax_scale(softmax_scale)
-        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "backward", deterministic)
+        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "backward", deterministic, variants=requested)
         if config is None:
-            config = dispatch.config_for(q, k, causal, "backward")
+            config = dispatch.config_for(q, k, causal, "backward", variants_on)
             if deterministic and config.startswith("sm90.bwd."):  # no ordered mode: the mma.sync pick
-                config = dispatch.mma_sync_backward_config(q, k, causal)
+                config = dispatch.mma_sync_backward_config(q, k, causal, variants_on)
         scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
         headdim = q.size(-1)
         dout, q, k, v, out = _pad_headdim(dout, q, k, v, out)
         native = dispatch.hopper_module() if config.startswith("sm90.bwd.") else _C
-        grads = native.backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, config)
+        grads = native.backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, config, *variants)
         return _unpad_headdim(headdim, *grads)
 
     def _pad_headdim(*tensors):

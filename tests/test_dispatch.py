@@ -286,3 +286,24 @@ def test_named_wgmma_backward_cannot_be_deterministic():
     with pytest.raises(RuntimeError, match="deterministic=True needs an mma.sync backward config"):
         dispatch.check_config("sm90.bwd.bf16.d128.br64.bc128", torch.device("cuda"), torch.bfloat16, 128, "backward",
                               deterministic=True)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_variant_problems_get_configs_built_with_the_variants(direction, monkeypatch):
+    """A window, softcap, ALiBi or sinks rules out the kernels built without them (supports_variants), in the
+    policy's pick and for a named config alike."""
+    built = ALL_BUILT if direction == "forward" else ALL_BUILT_BACKWARD
+    for seqlen in (1024, 4096, 16384):
+        for causal in (False, True):
+            problem = dispatch.Problem("bf16", 128, seqlen, seqlen, 64, causal, direction, variants=True)
+            name, _ = dispatch.choose_config(DEVICES["H100"], problem, built)
+            assert dispatch.runs_variants(dispatch.parse_config(name)), name
+    refusing = [n for n in built if not dispatch.runs_variants(dispatch.parse_config(n))
+                and dispatch.dtype_and_headdim(n)[0] == "bf16"]
+    if direction == "forward":
+        assert refusing, "the B_c = 192 one-tile Hopper forward kernels are built without the variants"
+    monkeypatch.setattr(dispatch, "_built", lambda _direction: built)
+    for name in refusing:
+        with pytest.raises(RuntimeError, match=f"'{name}' is built without the attention variants"):
+            dispatch.check_config(name, torch.device("cuda"), torch.bfloat16, 128, direction, variants=True)
+        dispatch.check_config(name, torch.device("cuda"), torch.bfloat16, 128, direction)  # dense: fine

@@ -131,7 +131,7 @@ fi
 if has fa2; then
   step "FlashAttention-2's tests"
   timeout "${TEST_TIMEOUT:-900}" bash tools/fa2_suite/run.sh "${FA2_TEST:-.fa2/test_flash_attn.py}" -q -rf \
-    -k "${FA2_K:-not varlen and not kvcache}" ${FA2_ARGS:---fa2-without dropout_p,local,alibi,softcap} 2>&1 \
+    -k "${FA2_K:-not varlen and not kvcache}" ${FA2_ARGS:---fa2-without dropout_p} 2>&1 \
     | grep -v "^SKIPPED" > "$OUT/fa2.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   grep -E "^FAILED" "$OUT/fa2.log" | cut -c1-200 | head -20; tail -1 "$OUT/fa2.log"

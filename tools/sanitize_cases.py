@@ -23,6 +23,17 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, heads_q, heads_k)
     (1, 520, 200, 64, 8),  # 320 query tiles (B_r 128), more than the SMs: a persistent CTA walks 2-3 tiles
 ]
 NARROWER_SHAPES = SHAPES[1:3] + SHAPES[4:5]  # tails, GQA, rows with no keys, a cluster pair
+# Attention variants at the tile width on the tail/GQA shapes: (window_left, window_right, softcap, alibi, sinks);
+# windows that leave rows without keys, both bounds, and everything at once.
+VARIANTS = [(0, 0, 0.0, False, False), (17, -1, 0.0, False, True), (-1, 5, 20.0, True, False), (9, 3, 30.0, True, True)]
+VARIANT_SHAPES = SHAPES[1:4]
+
+
+def variant_args(variant, batch, heads):
+    left, right, softcap, alibi, sinks = variant
+    slopes = torch.rand(batch, heads, device="cuda") if alibi else None
+    sink = torch.randn(heads, device="cuda") if sinks else None
+    return left, right, softcap, slopes, sink
 
 
 def cases(width):
@@ -47,6 +58,25 @@ def main(patterns):
                 if not err < 2e-2:
                     failures += 1
                     print(f"FAIL {name} d{headdim} {(b, sq, sk, hq, hk)} causal={causal}: max error {err:.3e}")
+    # Variants: forward configs built with them (dispatch.runs_variants), at their tile width.
+    for name in names:
+        if not flashop.dispatch.runs_variants(flashop.dispatch.parse_config(name)):
+            continue
+        dtype_code, width = flashop.dispatch.dtype_and_headdim(name)
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_code]
+        for variant in VARIANTS:
+            for b, sq, sk, hq, hk in VARIANT_SHAPES:
+                q = torch.randn(b, sq, hq, width, device="cuda", dtype=dtype)
+                k, v = (torch.randn(b, sk, hk, width, device="cuda", dtype=dtype) for _ in range(2))
+                args = variant_args(variant, b, hq)
+                out, _ = torch.ops.flashop.forward(q, k, v, None, False, name, False, *args)
+                cpu_args = [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
+                ref = torch.ops.flashop.forward(q.cpu().float(), k.cpu().float(), v.cpu().float(), None, False, None,
+                                                False, *cpu_args)[0]
+                err = (out.cpu().float() - ref).abs().max().item()
+                if not err < 2e-2:
+                    failures += 1
+                    print(f"FAIL {name} {variant} {(b, sq, sk, hq, hk)}: max error {err:.3e}")
     # Backward: each matching backward config (names bwd.<dtype>.d<D>...), gradients against the CPU kernels.
     bwd_names = [n for n in flashop.dispatch.built_configs("backward")
                  if any(fnmatch.fnmatch(n.removeprefix("bwd."), p) for p in patterns)]
@@ -67,6 +97,26 @@ def main(patterns):
                 if not err < 5e-2:
                     failures += 1
                     print(f"FAIL {name} d{headdim} {(b, sq, sk, hq, hk)} causal={causal}: max grad error {err:.3e}")
+        if not flashop.dispatch.runs_variants(flashop.dispatch.parse_config(name)):
+            continue
+        for variant in VARIANTS:
+            for b, sq, sk, hq, hk in VARIANT_SHAPES:
+                q = torch.randn(b, sq, hq, width, device="cuda", dtype=dtype)
+                k, v = (torch.randn(b, sk, hk, width, device="cuda", dtype=dtype) for _ in range(2))
+                left, right, softcap, slopes, sink = variant_args(variant, b, hq)
+                out, lse = torch.ops.flashop.forward(q, k, v, None, False, None, False, left, right, softcap, slopes,
+                                                     sink)
+                dout = torch.randn_like(out)
+                deterministic = not name.startswith("sm90.bwd.")
+                grads = torch.ops.flashop.backward(dout, q, k, v, out, lse, None, False, name, deterministic, left,
+                                                   right, softcap, slopes)
+                cpu = [t.cpu().float() for t in (dout, q, k, v, out)]
+                ref = torch.ops.flashop.backward(*cpu, lse.cpu(), None, False, None, False, left, right, softcap,
+                                                 slopes.cpu() if slopes is not None else None)
+                err = max((g.cpu().float() - r).abs().max().item() for g, r in zip(grads, ref))
+                if not err < 5e-2:
+                    failures += 1
+                    print(f"FAIL {name} {variant} {(b, sq, sk, hq, hk)}: max grad error {err:.3e}")
     torch.cuda.synchronize()
     print(f"sanitize cases done: {len(names)} forward and {len(bwd_names)} backward configs, {failures} failures")
     sys.exit(1 if failures else 0)
