@@ -687,11 +687,15 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
 #
-# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128 and sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64.
+# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.lpt] and sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64[.lpt].
 # FlashAttention-2's backward on wgmma + TMA: one producer and two consumer warpgroups per key tile of 128 rows
 # (csrc/cuda/sm90/bwd_kernel.cuh), of 64 rows at the wide widths (Sm90BwdWideTraits: the consumers split
 # dK, dV and dQ by columns, whose accumulators at 128 keys would not fit 240 registers). Not
 # deterministic (dQ atomics): deterministic=True runs an mma.sync backward config instead.
+# "lpt" (Sm90BwdLpt, csrc/cuda/sm90/bwd_lpt.h): causal problems take the blocks longest first, key-tile
+# major within groups of (batch, kv head) pairs (the mma.sync "lpt" grouping); other problems the plain
+# order. Built at _HOPPER_BACKWARD_LPT_WIDTHS, listed after the plain builds: a tuner candidate, never the
+# policy's default (dispatch._choose takes the first listed Hopper backward config).
 #
 # Tile widths of the Hopper backward kernel (csrc/cuda/sm90/bwd_kernel.cuh Sm90BwdTraits): 64-column blocks
 # in the 128-byte swizzle at 64 and 128; at 96 32-column blocks in the 64-byte swizzle (K: 16-column blocks
@@ -700,6 +704,10 @@ HOPPER_BACKWARD_WIDTHS = (64, 96, 128)
 # Sm90BwdWideTraits: B_c = 64; column blocks of 64 (128B swizzle) at 256, 32 (64B) at 192, 16 (32B) at
 # 160 and 224, so that each consumer's half of D is whole blocks.
 HOPPER_BACKWARD_WIDE_WIDTHS = (160, 192, 224, 256)
+# Suffixes of a Hopper backward name, in name order.
+_HOPPER_BACKWARD_SUFFIXES = ("lpt",)
+# The widths whose ".lpt" build is listed (any width takes it when named in FLASHOP_BWD_KERNELS).
+_HOPPER_BACKWARD_LPT_WIDTHS = (128, 192, 256, 160, 224)
 
 
 @dataclass(frozen=True)
@@ -708,6 +716,7 @@ class HopperBackwardConfig:
     headdim: int = 128
     block_n: int = 128  # keys per CTA
     block_m: int = 64  # queries per step
+    longest_first: bool = False  # causal blocks longest first ("lpt", Sm90BwdLpt)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -726,7 +735,8 @@ class HopperBackwardConfig:
 
     @property
     def name(self) -> str:
-        return f"sm90.bwd.{self.dtype}.d{self.headdim}.br{self.block_m}.bc{self.block_n}"
+        return (f"sm90.bwd.{self.dtype}.d{self.headdim}.br{self.block_m}.bc{self.block_n}"
+                + (".lpt" if self.longest_first else ""))
 
     def runs_on(self, capability: tuple) -> bool:
         return tuple(capability) == (9, 0)
@@ -743,10 +753,11 @@ class HopperBackwardConfig:
     @classmethod
     def parse(cls, name: str) -> "HopperBackwardConfig":
         parts = name.split(".")
-        if len(parts) != 6 or parts[:2] != ["sm90", "bwd"]:
-            raise ValueError(f"Hopper backward config {name!r}: expected sm90.bwd.<dtype>.d<D>.br<B_r>.bc<B_c>")
+        suffixes = parts[6:]
+        if len(parts) < 6 or parts[:2] != ["sm90", "bwd"] or any(x not in _HOPPER_BACKWARD_SUFFIXES for x in suffixes):
+            raise ValueError(f"Hopper backward config {name!r}: expected sm90.bwd.<dtype>.d<D>.br<B_r>.bc<B_c>[.lpt]")
         try:
-            config = cls(parts[2], int(parts[3][1:]), int(parts[5][2:]), int(parts[4][2:]))
+            config = cls(parts[2], int(parts[3][1:]), int(parts[5][2:]), int(parts[4][2:]), "lpt" in suffixes)
         except ValueError as e:
             raise ValueError(f"Hopper backward config {name!r}: {e}") from None
         if config.name != name:
@@ -754,8 +765,14 @@ class HopperBackwardConfig:
         return config
 
 
-HOPPER_BACKWARD_CONFIGS = tuple(HopperBackwardConfig(dtype, d) for d in (128, 64, 96) for dtype in ("bf16", "fp16")) + tuple(
-    HopperBackwardConfig(dtype, d, block_n=64) for d in (192, 256, 160, 224) for dtype in ("bf16", "fp16"))
+def _hopper_backward(dtype: str, d: int, longest_first: bool = False) -> HopperBackwardConfig:
+    return HopperBackwardConfig(dtype, d, 64 if d in HOPPER_BACKWARD_WIDE_WIDTHS else 128, 64, longest_first)
+
+
+# The plain builds first (the policy's defaults), then the "lpt" ones.
+HOPPER_BACKWARD_CONFIGS = (
+    tuple(_hopper_backward(dtype, d) for d in (128, 64, 96, 192, 256, 160, 224) for dtype in ("bf16", "fp16"))
+    + tuple(_hopper_backward(dtype, d, True) for d in _HOPPER_BACKWARD_LPT_WIDTHS for dtype in ("bf16", "fp16")))
 
 
 # ---------------------------------------------------------------- selecting what to build

@@ -313,10 +313,13 @@ def runs_variants(config) -> bool:
 def candidates(device: DeviceInfo, problem: Problem, built: list[str]) -> list:
     """Built configs that run this problem on this device: the dtype matches, shared memory fits and,
     in each kernel family, the tile width is the narrowest built one that holds the head dimension
-    (wider tiles only add zero columns to every product)."""
+    (wider tiles only add zero columns to every product). A Hopper backward ".lpt" build only for causal
+    problems (it runs the others in its plain sibling's order)."""
     fitting = []
     for name in built:
         config = parse_config(name)
+        if isinstance(config, HopperBackwardConfig) and config.longest_first and not problem.causal:
+            continue
         if (config.dtype == problem.dtype and config.headdim >= kernel_headdim(problem.headdim)
                 and config.smem_bytes() <= device.smem_per_block and runs_on(config, device.capability)
                 and (not problem.variants or runs_variants(config))):

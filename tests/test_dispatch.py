@@ -259,6 +259,21 @@ def test_backward_wgmma_kernel_only_on_compute_capability_9_0():
     assert dispatch.choose_config(DEVICES["H100"], d64, ALL_BUILT_BACKWARD)[0].startswith("bwd.bf16.d64.")
 
 
+def test_backward_lpt_builds_are_causal_tuner_candidates_not_defaults():
+    """The Hopper backward ".lpt" builds are candidates (what flashop.tune times) for causal problems at their
+    widths, not for the others (where they run the plain order); the policy's pick stays the plain build."""
+    h100 = DEVICES["H100"]
+    for width in (128, 160, 192, 224, 256):
+        for dtype in ("bf16", "fp16"):
+            plain = next(c.name for c in HOPPER_BACKWARD_CONFIGS
+                         if c.dtype == dtype and c.headdim == width and not c.longest_first)
+            for causal in (True, False):
+                problem = dispatch.Problem(dtype, width, 4096, 4096, 16, causal, "backward")
+                names = [c.name for c in dispatch.candidates(h100, problem, ALL_BUILT_BACKWARD)]
+                assert (plain + ".lpt" in names) == causal and plain in names
+                assert dispatch.choose_config(h100, problem, ALL_BUILT_BACKWARD)[0] == plain
+
+
 def test_policy_report_lists_every_family_and_both_picks():
     """python -m flashop.policy: built configs of both directions (mma.sync, Hopper forward and
     backward names) with their shared memory, and the policy's pick per direction for a shape."""

@@ -177,3 +177,42 @@ def test_sm90_backward_refuses_headdims_it_cannot_take(name):
         q, k, v = make_qkv((1, 64, 64, 2, 2, d), dtype, "cuda")
         with pytest.raises(RuntimeError, match=match):
             _direct_grads(name, q, k, v, torch.randn_like(q), False)
+
+
+# The ".lpt" builds on causal problems with enough key tiles for groups of several (batch, kv head) pairs,
+# the last group short (csrc/cuda/sm90/bwd_lpt.h; the shapes above have fewer than 16 key tiles, where the
+# order is the plain one): the plain build's CTAs in another order, so dK and dV (each written by one CTA
+# from its own accumulators) equal the plain build's bit for bit, and dQ (fp32 atomics, added in another
+# order) agrees to rounding. With softcap: the variants build (the wide kernel's takes the order too).
+LPT_NAMES = [n for n in NAMES if n.endswith(".lpt")]
+
+
+def _lpt_group_pairs(n_tiles, seqlen_q, width, head_ratio):
+    """bwd_lpt_pairs (csrc/cuda/sm90/bwd_lpt.h) on this device."""
+    props = torch.cuda.get_device_properties(0)
+    if n_tiles < 16:
+        return 1
+    pairs = -(-4 * props.multi_processor_count // n_tiles)
+    pair_bytes = -(-seqlen_q // 128) * 128 * width * head_ratio * 8
+    l2 = getattr(props, "L2_cache_size", 50 << 20)
+    return max(1, min(pairs, l2 * 3 // 8 // pair_bytes))
+
+
+@pytest.mark.parametrize("softcap", [0.0, 30.0], ids=["dense", "softcap"])
+@pytest.mark.parametrize("head_ratio", [1, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("name", LPT_NAMES)
+def test_sm90_backward_lpt_order_matches_the_plain_build(name, head_ratio, softcap):
+    config = HopperBackwardConfig.parse(name)
+    dtype = _DTYPES[config.dtype]
+    seqlen = 17 * config.block_n - 37  # 17 key tiles, the last ragged
+    group = _lpt_group_pairs(17, seqlen, config.headdim, head_ratio)
+    heads_k = 2 * group + 1  # one batch: three groups, the last of one pair
+    q, k, v = make_qkv((1, seqlen, seqlen, heads_k * head_ratio, heads_k, config.headdim), dtype, "cuda")
+    dout = torch.randn_like(q)
+    out, lse = torch.ops.flashop.forward(q, k, v, None, True, None)
+    hopper, scale = dispatch.hopper_module(), config.headdim ** -0.5
+    lpt = hopper.backward(dout, q, k, v, out, lse, scale, True, False, name, softcap=softcap)
+    plain = hopper.backward(dout, q, k, v, out, lse, scale, True, False, name[: -len(".lpt")], softcap=softcap)
+    assert torch.equal(lpt[1], plain[1]) and torch.equal(lpt[2], plain[2])
+    dq, dq_plain = lpt[0].float(), plain[0].float()
+    assert torch.isfinite(dq).all() and (dq - dq_plain).abs().max() <= 1e-2 * dq_plain.abs().max()

@@ -546,3 +546,148 @@ def test_wide_dq_operands(width):
                         assert wgmma_k_major(da, i, kk) == wide_score_byte(s_ds, i, key)
                 for n in range(t["half"]):
                     assert wgmma_mn_major(db, n, kk) == tile_byte(t, s_k, WIDE_N, key, t["half"] * c + n)
+
+
+# ---------------------------------------------------------------- the backward's longest-first order (".lpt")
+#
+# csrc/cuda/sm90/bwd_lpt.h: bwd_lpt_block maps the dispatch index of a causal problem's CTA to its (key tile,
+# kv head, batch), key-tile major within groups of (batch, kv head) pairs; bwd_lpt_pairs sizes the groups as
+# the mma.sync order's bwd_lpt_group_pairs (bwd_config.h) does. The kernel only permutes which CTA computes
+# which triple, so it is correct if the map is a bijection. Checked on a Python mirror, and on the header
+# itself compiled by the host compiler (needs g++).
+
+LPT_WIDTHS = (128, 160, 192, 224, 256)
+
+
+def lpt_block(index, n_tiles, heads_k, batch, group_pairs):
+    """bwd_lpt_block."""
+    pairs = heads_k * batch
+    first = index // n_tiles // group_pairs * group_pairs
+    in_group = min(pairs - first, group_pairs)
+    within = index - first * n_tiles
+    pair = first + within % in_group
+    return within // in_group, pair % heads_k, pair // heads_k
+
+
+def lpt_cases():
+    for n_tiles in (1, 2, 3, 5, 8, 17):
+        for heads_k in (1, 2, 3, 7):
+            for batch in (1, 2, 5):
+                for group_pairs in sorted({1, 2, 3, 4, 5, 7, heads_k * batch, heads_k * batch + 3}):
+                    yield n_tiles, heads_k, batch, group_pairs
+
+
+def test_bwd_lpt_order_is_a_bijection_key_tile_major_per_group():
+    for n_tiles, heads_k, batch, g in lpt_cases():
+        order = [lpt_block(i, n_tiles, heads_k, batch, g) for i in range(n_tiles * heads_k * batch)]
+        assert sorted(order) == [(n, h, b) for n in range(n_tiles) for h in range(heads_k) for b in range(batch)]
+        pairs = [b * heads_k + h for _, h, b in order]
+        for i in range(1, len(order)):
+            group, prev_group = pairs[i] // g, pairs[i - 1] // g
+            assert group >= prev_group  # groups in order
+            if group == prev_group:  # key-tile major within a group, pairs ascending within a key tile
+                assert (order[i][0], pairs[i]) > (order[i - 1][0], pairs[i - 1])
+        if g == 1:  # one pair per group: the plain order (blockIdx.x fastest)
+            assert order == [(n, h, b) for b in range(batch) for h in range(heads_k) for n in range(n_tiles)]
+
+
+def test_bwd_lpt_configs_listed_after_the_plain_ones():
+    """Every width of LPT_WIDTHS has its ".lpt" build in both dtypes, named sm90.bwd.<dtype>.d<W>.br64.bc<B_c>.lpt,
+    after every plain build (the policy's default is the first listed), with the plain build's shared memory."""
+    cfg = _configs()
+    names = [c.name for c in cfg.HOPPER_BACKWARD_CONFIGS]
+    first_lpt = min(i for i, c in enumerate(cfg.HOPPER_BACKWARD_CONFIGS) if c.longest_first)
+    assert not any(c.longest_first for c in cfg.HOPPER_BACKWARD_CONFIGS[:first_lpt])
+    assert all(c.longest_first for c in cfg.HOPPER_BACKWARD_CONFIGS[first_lpt:])
+    for width in LPT_WIDTHS:
+        bc = 64 if width in cfg.HOPPER_BACKWARD_WIDE_WIDTHS else 128
+        for dtype in ("bf16", "fp16"):
+            name = f"sm90.bwd.{dtype}.d{width}.br64.bc{bc}.lpt"
+            assert name in names
+            c = cfg.HopperBackwardConfig.parse(name)
+            assert c.longest_first and c.name == name and cfg.parse_name(name) == c
+            plain = cfg.HopperBackwardConfig.parse(name[: -len(".lpt")])
+            assert not plain.longest_first and plain.smem_bytes() == c.smem_bytes() and plain.name in names
+    for bad in ("sm90.bwd.bf16.d128.br64.bc128.lpt.lpt", "sm90.bwd.bf16.d128.br64.bc128.pers",
+                "sm90.bwd.bf16.d128.br64.lpt.bc128", "sm90.bwd.bf16.d192.br64.bc128.lpt"):
+        with pytest.raises(ValueError):
+            cfg.HopperBackwardConfig.parse(bad)
+
+
+_LPT_HOST_CHECK = r"""
+#include <cstdio>
+#include <vector>
+#include "sm90/bwd_lpt.h"
+using namespace flashop;
+using namespace flashop::sm90;
+
+template <class I>
+static bool check_order(int n_tiles, int heads_k, int batch, int group_pairs) {
+  const int total = n_tiles * heads_k * batch;
+  std::vector<int> seen(total, 0);
+  for (int i = 0; i < total; ++i) {
+    const BwdBlock blk = bwd_lpt_block<I>(I(i), I(n_tiles), I(heads_k), I(batch), I(group_pairs));
+    if (blk.n_block < 0 || blk.n_block >= n_tiles || blk.hk < 0 || blk.hk >= heads_k || blk.b < 0 || blk.b >= batch)
+      return false;
+    const int slot = (blk.b * heads_k + blk.hk) * n_tiles + blk.n_block;
+    if (seen[slot]++) return false;  // two indices on one triple
+    // The plain order when a group is one pair.
+    if (group_pairs == 1 && slot != i) return false;
+  }
+  return true;
+}
+
+int main() {
+  long cases = 0;
+  for (int n_tiles = 1; n_tiles <= 40; ++n_tiles)
+    for (int heads_k = 1; heads_k <= 9; ++heads_k)
+      for (int batch = 1; batch <= 6; ++batch)
+        for (int g = 1; g <= heads_k * batch + 2; ++g) {
+          if (!check_order<uint32_t>(n_tiles, heads_k, batch, g) || !check_order<int64_t>(n_tiles, heads_k, batch, g)) {
+            std::printf("FAIL order n_tiles=%d heads_k=%d batch=%d group_pairs=%d\n", n_tiles, heads_k, batch, g);
+            return 1;
+          }
+          ++cases;
+        }
+  // The group size equals the mma.sync order's policy (bwd_config.h) while l2_bytes * 3 / 8 < 2^32.
+  const int sms[] = {1, 7, 78, 108, 114, 132, 148, 170};
+  const int64_t l2s[] = {0, 1 << 20, 40 << 20, 50 << 20, 60 << 20, 126 << 20, int64_t(4) << 30,
+                         (int64_t(1) << 35) / 3 - 1};
+  const int widths[] = {64, 96, 128, 160, 192, 224, 256};
+  for (int sm : sms)
+    for (int64_t l2 : l2s)
+      for (int n_tiles = 1; n_tiles <= 1100; n_tiles += (n_tiles < 40 ? 1 : 37))
+        for (int sq = 128; sq <= (1 << 20); sq *= 2)
+          for (int w : widths)
+            for (int ratio : {1, 2, 4, 8, 16}) {
+              const int64_t want = bwd_lpt_group_pairs(sm, n_tiles, l2, int64_t(sq) * w * ratio * 8);
+              const uint32_t got = bwd_lpt_pairs(sm, uint32_t(n_tiles), l2, sq, w, ratio);
+              if (int64_t(got) != want || got < 1) {
+                std::printf("FAIL pairs sm=%d l2=%lld n_tiles=%d sq=%d w=%d ratio=%d: %u vs %lld\n", sm, (long long)l2,
+                            n_tiles, sq, w, ratio, got, (long long)want);
+                return 1;
+              }
+            }
+  std::printf("OK %ld orders\n", cases);
+  return 0;
+}
+"""
+
+
+def test_bwd_lpt_header_on_the_host(tmp_path):
+    """csrc/cuda/sm90/bwd_lpt.h compiled by g++: bwd_lpt_block a bijection (uint32_t, as the kernel runs it,
+    and int64_t) for every n_tiles <= 40, heads_k <= 9, batch <= 6, group size 1 .. pairs + 2, the plain order
+    at group size 1; bwd_lpt_pairs equal to bwd_lpt_group_pairs over device, L2 and problem sizes."""
+    import os
+    import shutil
+    import subprocess
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src, binary = tmp_path / "lpt_check.cpp", str(tmp_path / "lpt_check")
+    src.write_text(_LPT_HOST_CHECK)
+    result = subprocess.run(["g++", "-std=c++17", "-O2", f"-I{os.path.join(root, 'csrc', 'cuda')}", str(src), "-o",
+                             binary], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    result = subprocess.run([binary], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.startswith("OK"), result.stdout[-2000:]

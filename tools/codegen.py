@@ -8,7 +8,7 @@ file per config plus one registry table per family into csrc/cuda/instantiations
     sm90_fwd  sm90_fwd_<name without sm90.>.cu: sm90::plan_fwd     registry_sm90_fwd.cu  flashop._C_sm90
               and sm90::launch_fwd<Sm90FwdTraits<...>>
     sm90_bwd  sm90_bwd_<name without sm90.bwd.>.cu:                registry_sm90_bwd.cu  flashop._C_sm90
-              sm90::launch_bwd<Sm90BwdTraits<...>>
+              sm90::launch_bwd<Sm90BwdTraits<...>> (".lpt": Sm90BwdLpt<...>)
 
 One file per config lets ninja compile the kernels in parallel and recompile only what changed: a file is
 rewritten only when its content differs, and files of configs no longer selected that a generator wrote
@@ -151,9 +151,11 @@ def _sm90_fwd_entry(cfg) -> str:
 
 def _sm90_bwd_type(cfg) -> str:
     """Sm90BwdTraits<kBf16, D> (csrc/cuda/sm90/bwd_kernel.cuh; B_c = 128, B_r = 64 fixed), at the wide widths
-    Sm90BwdWideTraits<kBf16, D> (B_c = 64, B_r = 64)."""
+    Sm90BwdWideTraits<kBf16, D> (B_c = 64, B_r = 64); "lpt" wraps them in Sm90BwdLpt<...> (the plain builds'
+    types, and so their kernels' symbols, stay as they are)."""
     traits = "Sm90BwdWideTraits" if cfg.wide else "Sm90BwdTraits"
-    return f"::flashop::sm90::{traits}<{_BOOL[cfg.dtype == 'bf16']}, {cfg.headdim}>"
+    t = f"::flashop::sm90::{traits}<{_BOOL[cfg.dtype == 'bf16']}, {cfg.headdim}>"
+    return f"::flashop::sm90::Sm90BwdLpt<{t}>" if cfg.longest_first else t
 
 
 def _sm90_bwd_file(cfg) -> str:

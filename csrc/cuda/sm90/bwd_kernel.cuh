@@ -35,6 +35,8 @@
 // wide (bwd_params.h): dQ adds past p.headdim (D = 64, 128) add zeros to padding the convert kernel
 // never reads.
 // Not deterministic (dQ atomics): the glue routes deterministic=True to the mma.sync kernels.
+// Block order: blockIdx (x, y, z) = (key tile, kv head, batch); the ".lpt" build Sm90BwdLpt<traits> takes a
+// causal problem's blocks longest first instead ("block order" below).
 // Tile widths 160 .. 256: bwd_kernel_sm90_wide below (64 keys per CTA, the consumers split the columns).
 // Windows, softcap and ALiBi: the second instantiation Sm90BwdVariants<traits> of both kernels (query-tile
 // range from both window bounds, bwd_variant_probs for P and softcap's dS factor); see "attention
@@ -49,6 +51,7 @@
 #include <type_traits>
 
 #include "../bwd_params.h"
+#include "bwd_lpt.h"
 #include "primitives.cuh"
 #include "softmax.cuh"
 
@@ -63,6 +66,8 @@ struct Sm90BwdTraits {
   // The attention variants are a second instantiation, Sm90BwdVariants<traits> (below).
   static constexpr bool kVariants = false;
   static constexpr bool kSupportsVariants = true;
+  // The longest-first block order is the build Sm90BwdLpt<traits> (below).
+  static constexpr bool kLongestFirst = false;
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128, "the sm90 backward takes D = 64, 96 or 128");
   // Q, dO and V tiles (K too, except at D = 96: kKColBlock below) are column blocks of kColBlock
   // elements, one swizzle span per row, as the TMA maps write them (the forward's layouts, fwd_traits.cuh): 64 (128 bytes, 128B swizzle, 1024-byte
@@ -171,6 +176,37 @@ __device__ __forceinline__ int bwd_first_query_tile(const BwdParams& p, int key0
   if (!p.causal) return 0;
   const int64_t q = int64_t(key0) - (int64_t(p.seqlen_k) - p.seqlen_q);
   return q <= 0 ? 0 : static_cast<int>(q / block_m);
+}
+
+// ------------------------------------------------------------------ block order
+// The ".lpt" build of a config (configs.py HopperBackwardConfig.longest_first): the same kernel, the
+// blocks of a causal problem taken in the longest-first order of bwd_lpt_block (key-tile major within
+// groups of (batch, kv head) pairs sized by bwd_lpt_pairs), read from the dispatch index (blockIdx.x
+// fastest, then y, then z). Other problems (dense, windows) keep the plain order: their key tiles cost
+// about the same. The order only permutes which CTA computes which (key tile, kv head, batch): every
+// CTA's work is a function of that triple alone, so results are those of the plain build.
+// The variants build of bwd_kernel_sm90 (causal with softcap or ALiBi) keeps the plain order: it is at
+// R237 of 240, and the computed coordinates (blockIdx is reread where needed) spilled 44 bytes in its
+// loop; the wide kernel's variants build takes the order (R227 at d256, no spills).
+template <class T>
+struct Sm90BwdLpt : T {
+  static constexpr bool kLongestFirst = true;
+};
+
+// The (key tile, kv head, batch) of this CTA; the producer and the consumers compute it alike.
+template <class T>
+__device__ __forceinline__ BwdBlock bwd_block(const BwdParams& p) {
+  if constexpr (T::kLongestFirst && (T::kWide || !T::kVariants)) {
+    const uint32_t n_tiles = gridDim.x, heads = gridDim.y, batch = gridDim.z;
+    // 32-bit: exact below 2^32 blocks (bwd_lpt.h), far beyond any problem's memory.
+    if (p.causal && uint64_t(n_tiles) * heads * batch <= 0xffffffffu) {
+      const uint32_t index = blockIdx.x + n_tiles * (blockIdx.y + heads * blockIdx.z);
+      return bwd_lpt_block<uint32_t>(
+          index, n_tiles, heads, batch,
+          bwd_lpt_pairs(p.sm_count, n_tiles, p.l2_bytes, p.seqlen_q_rounded, T::kHeadDim, p.head_ratio));
+    }
+  }
+  return BwdBlock{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
 }
 
 // ------------------------------------------------------------------ attention variants
@@ -315,7 +351,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   auto bar_full = [&](int s) { return bar_kv + 8u * (1 + s); };
   auto bar_empty = [&](int s) { return bar_kv + 8u * (1 + T::kStages + s); };
 
-  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const BwdBlock block = bwd_block<T>(p);
+  const int n_block = block.n_block, hk = block.hk, b = block.b;
   const int key0 = n_block * kBN;
   int m_first, per_head;  // query tiles m_first .. m_first + per_head - 1 of each query head
   bwd_query_tiles<T>(p, key0, m_first, per_head);
@@ -613,6 +650,7 @@ struct Sm90BwdWideTraits {
   static constexpr bool kWide = true;
   static constexpr bool kVariants = false;  // see Sm90BwdTraits
   static constexpr bool kSupportsVariants = true;
+  static constexpr bool kLongestFirst = false;  // see Sm90BwdTraits
   static_assert(kHeadDim == 160 || kHeadDim == 192 || kHeadDim == 224 || kHeadDim == 256,
                 "the sm90 wide backward takes D = 160, 192, 224 or 256");
   static constexpr int kHalf = kHeadDim / 2;  // columns of dK, dV, dQ per consumer
@@ -669,7 +707,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   auto bar_full = [&](int s) { return bar_kv + 8u * (1 + s); };
   auto bar_empty = [&](int s) { return bar_kv + 8u * (1 + T::kStages + s); };
 
-  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const BwdBlock block = bwd_block<T>(p);
+  const int n_block = block.n_block, hk = block.hk, b = block.b;
   const int key0 = n_block * kBN;
   int m_first, per_head;  // query tiles m_first .. m_first + per_head - 1 of each query head
   bwd_query_tiles<T>(p, key0, m_first, per_head);
