@@ -39,8 +39,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, 
   check_backward_inputs(dout, q, out, softmax_lse, dims);
   const DType dt = check_cuda_inputs(q, softmax_scale, kOp, "CUDA");
   // Sinks need nothing here: softmax_lse carries them.
-  const AttentionVariants variants = make_variants(q, dims, causal, window_left, window_right, softcap,
-                                                   alibi_slopes, std::nullopt, kOp);
+  const AttentionVariants variants =
+      check_variants(dims, q, causal, window_left, window_right, softcap, alibi_slopes, std::nullopt);
 
   c10::cuda::CUDAGuard guard(q.device());
   const Device& dev = device(q.get_device(), kOp);

@@ -38,8 +38,9 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Ten
                                            const std::optional<at::Tensor>& sinks) {
   const AttentionDims dims = check_forward_inputs(q_in, k_in, v_in);
   const DType dt = check_cuda_inputs(q_in, softmax_scale, kOp, "CUDA");
+  // The checks and normal form of every backend (csrc/checks.cpp): causal becomes exactly the (-1, 0) window.
   const AttentionVariants variants =
-      make_variants(q_in, dims, causal, window_left, window_right, softcap, alibi_slopes, sinks, kOp);
+      check_variants(dims, q_in, causal, window_left, window_right, softcap, alibi_slopes, sinks);
 
   c10::cuda::CUDAGuard guard(q_in.device());
   const Device& dev = device(q_in.get_device(), kOp);

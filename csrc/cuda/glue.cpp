@@ -123,51 +123,6 @@ bool allocate_forward_outputs(const at::Tensor& q, const AttentionDims& dims, at
   return false;
 }
 
-AttentionVariants make_variants(const at::Tensor& q, const AttentionDims& dims, bool& causal, int64_t window_left,
-                                int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
-                                const std::optional<at::Tensor>& sinks, const char* op) {
-  AttentionVariants v;
-  TORCH_CHECK(window_left >= -1 && window_right >= -1 && window_left < std::numeric_limits<int>::max() &&
-                  window_right < std::numeric_limits<int>::max(),
-              op, ": window bounds must be -1 or in [0, 2^31), got (", to_string(window_left), ", ",
-              to_string(window_right), ")");
-  TORCH_CHECK(!causal || window_right <= 0, op, ": causal is the (-1, 0) window; got causal with window (",
-              to_string(window_left), ", ", to_string(window_right), ")");
-  if (causal && window_left >= 0) {
-    causal = false;
-    window_right = 0;
-  }
-  TORCH_CHECK(std::isfinite(softcap) && softcap >= 0, op, ": softcap must be finite and >= 0, got ",
-              to_string(softcap));
-  // A bound that excludes no key is -1 (key - query - (Sk - Sq) lies in [1 - Sk, Sq - 1]): the kernels
-  // then never form row + bound sums that could overflow.
-  if (window_left >= dims.seqlen_k - 1) window_left = -1;
-  if (!causal && window_right >= dims.seqlen_q - 1) window_right = -1;
-  v.window_left = static_cast<int>(window_left);
-  v.window_right = causal ? 0 : static_cast<int>(window_right);
-  v.softcap = static_cast<float>(softcap);
-  auto check_f32 = [&](const at::Tensor& t, const char* name) {
-    TORCH_CHECK(t.scalar_type() == at::kFloat && t.device() == q.device() && t.is_contiguous(), op, ": ", name,
-                " must be a contiguous float32 tensor on ", q.device());
-  };
-  if (alibi_slopes.has_value()) {
-    const at::Tensor& a = *alibi_slopes;
-    check_f32(a, "alibi_slopes");
-    const bool per_head = a.dim() == 1 && a.size(0) == dims.heads_q;
-    const bool per_batch = a.dim() == 2 && a.size(0) == dims.batch && a.size(1) == dims.heads_q;
-    TORCH_CHECK(per_head || per_batch, op, ": alibi_slopes must have shape (heads_q,) or (batch, heads_q)");
-    v.alibi_slopes = a.data_ptr<float>();
-    v.alibi_batch_stride = per_batch ? dims.heads_q : 0;
-  }
-  if (sinks.has_value()) {
-    const at::Tensor& s = *sinks;
-    check_f32(s, "sinks");
-    TORCH_CHECK(s.dim() == 1 && s.size(0) == dims.heads_q, op, ": sinks must have shape (heads_q,)");
-    v.sinks = s.data_ptr<float>();
-  }
-  return v;
-}
-
 at::Tensor fold_scale_into_q(const at::Tensor& q, double& scale) {
   at::Tensor folded = q;
   if (scale < 0) {

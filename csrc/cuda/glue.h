@@ -112,15 +112,6 @@ at::Tensor readable(const at::Tensor& t, StrideLimits limits);
 bool allocate_forward_outputs(const at::Tensor& q, const AttentionDims& dims, at::Tensor& out, at::Tensor& lse,
                               const std::optional<at::Tensor>& sinks = std::nullopt);
 
-// AttentionVariants from the ops' arguments (checked by the Python layer: float32, contiguous, on
-// q's device; alibi_slopes (heads_q,) or (batch, heads_q), sinks (heads_q,)), with the checks that
-// keep a kernel from reading out of bounds repeated. causal: the (-1, 0) window; causal with a left
-// bound becomes the window (left, 0) with causal false (the contract's normal form). The tensors must
-// outlive the launch (they are the caller's arguments).
-AttentionVariants make_variants(const at::Tensor& q, const AttentionDims& dims, bool& causal, int64_t window_left,
-                                int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
-                                const std::optional<at::Tensor>& sinks, const char* op);
-
 // The forward kernels keep a running max of raw scores, so they assume a positive scale. A negative
 // scale is folded into q ((-q) k^T |s| == q k^T s); a zero scale (uniform attention) becomes the
 // smallest normal float, which gives the same probabilities to float precision and keeps -inf masks

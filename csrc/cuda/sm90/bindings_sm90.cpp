@@ -54,39 +54,6 @@ const Device& hopper_device(const at::Tensor& q, const char* op) {
   return dev;
 }
 
-// The attention variants of a forward call (csrc/attention_variants.h), from arguments that flashop/ops.py
-// has checked and normalised (alibi_slopes and sinks: contiguous float32 on q's device, (Hq,) or (B, Hq)
-// and (Hq,)). Causal is the window (-1, 0): a causal call keeps p.causal (the dense kernels' causal mask)
-// unless a general window comes with it.
-AttentionVariants forward_variants(bool causal, int64_t window_left, int64_t window_right, double softcap,
-                                   const c10::optional<at::Tensor>& alibi_slopes,
-                                   const c10::optional<at::Tensor>& sinks, int64_t heads_q) {
-  AttentionVariants v;
-  TORCH_CHECK(window_left >= -1 && window_right >= -1 && window_left < std::numeric_limits<int>::max() &&
-                  window_right < std::numeric_limits<int>::max(),
-              "flashop.forward (sm90): window bounds must be -1 (unbounded) or non-negative ints");
-  v.window_left = static_cast<int>(window_left);
-  v.window_right = static_cast<int>(causal ? 0 : window_right);
-  v.softcap = softcap > 0.0 ? static_cast<float>(softcap) : 0.f;
-  if (alibi_slopes.has_value() && alibi_slopes->defined()) {
-    const at::Tensor& a = *alibi_slopes;
-    TORCH_CHECK(a.scalar_type() == at::kFloat && a.is_contiguous() && a.is_cuda() &&
-                    (a.dim() == 1 || a.dim() == 2) && a.size(-1) == heads_q,
-                "flashop.forward (sm90): alibi_slopes must be contiguous float32 CUDA of shape (heads_q,) or "
-                "(batch, heads_q)");
-    v.alibi_slopes = a.data_ptr<float>();
-    v.alibi_batch_stride = a.dim() == 2 ? heads_q : 0;
-  }
-  if (sinks.has_value() && sinks->defined()) {
-    const at::Tensor& sk = *sinks;
-    TORCH_CHECK(sk.scalar_type() == at::kFloat && sk.is_contiguous() && sk.is_cuda() && sk.dim() == 1 &&
-                    sk.size(0) == heads_q,
-                "flashop.forward (sm90): sinks must be contiguous float32 CUDA of shape (heads_q,)");
-    v.sinks = sk.data_ptr<float>();
-  }
-  return v;
-}
-
 std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                            double softmax_scale, bool causal, const std::string& config,
                                            int64_t window_left, int64_t window_right, double softcap,
@@ -95,8 +62,9 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Ten
   const AttentionDims dims = check_forward_inputs(q_in, k_in, v_in);
   const DType dt = check_cuda_inputs(q_in, softmax_scale, kFwd, "sm90");
   const Sm90FwdKernel& kernel = forward_kernel(config);
+  // The checks and normal form of every backend (csrc/checks.cpp): causal becomes exactly the (-1, 0) window.
   const AttentionVariants variants =
-      forward_variants(causal, window_left, window_right, softcap, alibi_slopes, sinks, dims.heads_q);
+      check_variants(dims, q_in, causal, window_left, window_right, softcap, alibi_slopes, sinks);
   const bool use_variants = sm90::fwd_variants_requested(variants);
   TORCH_CHECK(!use_variants || kernel.supports_variants, "flashop.forward: kernel config '", config,
               "' is built without the attention variants (window, softcap, alibi_slopes, sinks); "
@@ -112,22 +80,14 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Ten
                     q_in.device());
 
   at::Tensor out, lse;
-  if (allocate_forward_outputs(q_in, dims, out, lse)) {
-    // No keys (Sk = 0): every row's lse is its head's sink, when there are sinks.
-    if (variants.sinks != nullptr && lse.numel() > 0) lse.copy_(sinks->view({1, dims.heads_q, 1}).expand_as(lse));
-    return {out, lse};
-  }
+  if (allocate_forward_outputs(q_in, dims, out, lse, sinks)) return {out, lse};
   check_forward_sizes(dims, "sm90");
 
   double scale = softmax_scale;  // positive only: see fold_scale_into_q
   const at::Tensor q = readable(fold_scale_into_q(q_in, scale), kTmaStrides);
   const at::Tensor k = readable(k_in, kTmaStrides);
   const at::Tensor v = readable(v_in, kTmaStrides);
-  FwdParams p = make_fwd_params(q, k, v, out, lse, dims, scale, causal);
-  p.variants = variants;
-  // p.causal is exactly the window (-1, 0) (the dense kernels' causal mask): a general window is not plain
-  // causal, and the window (-1, 0) is, however it was asked for.
-  p.causal = !variants.local() && variants.window_right == 0;
+  const FwdParams p = make_fwd_params(q, k, v, out, lse, dims, scale, causal, variants);
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
   // The persistent kernels' split tail, the one-tile-per-CTA kernels' split last wave and "pers.dyn" need a
@@ -177,47 +137,6 @@ int64_t forward_config_workspace(const std::string& name, int64_t batch, int64_t
   return static_cast<int64_t>(plan.workspace_bytes);
 }
 
-// The attention variants of a backward call (csrc/attention_variants.h; sinks need nothing in the
-// backward), from arguments flashop/ops.py has checked and normalised, as forward_variants.
-AttentionVariants backward_variants(bool causal, int64_t window_left, int64_t window_right, double softcap,
-                                    const c10::optional<at::Tensor>& alibi_slopes, const AttentionDims& dims) {
-  AttentionVariants v;
-  TORCH_CHECK(window_left >= -1 && window_right >= -1 && window_left < std::numeric_limits<int>::max() &&
-                  window_right < std::numeric_limits<int>::max(),
-              "flashop.backward (sm90): window bounds must be -1 (unbounded) or non-negative ints");
-  v.window_left = static_cast<int>(window_left);
-  v.window_right = static_cast<int>(causal ? 0 : window_right);
-  v.softcap = softcap > 0.0 ? static_cast<float>(softcap) : 0.f;
-  if (alibi_slopes.has_value() && alibi_slopes->defined()) {
-    const at::Tensor& a = *alibi_slopes;
-    TORCH_CHECK(a.scalar_type() == at::kFloat && a.is_contiguous() && a.is_cuda() &&
-                    ((a.dim() == 1 && a.size(0) == dims.heads_q) ||
-                     (a.dim() == 2 && a.size(0) == dims.batch && a.size(1) == dims.heads_q)),
-                "flashop.backward (sm90): alibi_slopes must be contiguous float32 CUDA of shape (heads_q,) or "
-                "(batch, heads_q)");
-    v.alibi_slopes = a.data_ptr<float>();
-    v.alibi_batch_stride = a.dim() == 2 ? dims.heads_q : 0;
-  }
-  return v;
-}
-
-// run_backward (../glue.h) fills the params and calls a plain launch function; this one adds the call's
-// variants to them and calls the config's launch. Set by backward() on its own thread just before, for
-// that one call (run_backward launches synchronously on the calling thread).
-struct BwdVariantsLaunch {
-  BwdLaunch launch = nullptr;
-  AttentionVariants variants;
-};
-thread_local BwdVariantsLaunch tls_bwd_launch;
-
-cudaError_t launch_with_variants(const BwdParams& params, cudaStream_t stream) {
-  BwdParams p = params;
-  p.variants = tls_bwd_launch.variants;
-  // p.causal is exactly the window (-1, 0) (the dense kernels' causal mask), as in forward().
-  p.causal = !p.variants.local() && p.variants.window_right == 0;
-  return tls_bwd_launch.launch(p, stream);
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, const at::Tensor& q,
                                                         const at::Tensor& k, const at::Tensor& v,
                                                         const at::Tensor& out, const at::Tensor& softmax_lse,
@@ -232,16 +151,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, 
   TORCH_CHECK(!deterministic, "flashop.backward: kernel config '", config,
               "' adds dQ with atomics in any order; deterministic=True needs an mma.sync backward config (bwd.*)");
   const AttentionVariants variants =
-      backward_variants(causal, window_left, window_right, softcap, alibi_slopes, dims);
+      check_variants(dims, q, causal, window_left, window_right, softcap, alibi_slopes, std::nullopt);
 
   c10::cuda::CUDAGuard guard(q.device());
   const Device& dev = hopper_device(q, kBwd);
   check_kernel_fits(kBwd, config, kernel.dtype, kernel.headdim, kernel.smem_bytes, 90, dt, dims.headdim, dev,
                     q.device());
-  tls_bwd_launch.launch = kernel.launch;
-  tls_bwd_launch.variants = variants;
   return run_backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dims, dev,
-                      kernel.block_m, kernel.headdim, &launch_with_variants, kernel.name);
+                      kernel.block_m, kernel.headdim, kernel.launch, kernel.name, variants);
 }
 
 std::vector<std::string> built_backward_configs() {
