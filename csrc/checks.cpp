@@ -126,6 +126,84 @@ AttentionVariants check_variants(const AttentionDims& dims, const at::Tensor& q,
   return v;
 }
 
+namespace {
+
+void check_index_tensor(const at::Tensor& t, const char* name, const at::Tensor& q, int64_t size, const char* what) {
+  TORCH_CHECK(t.scalar_type() == at::kInt, "flashop: ", name, " must have dtype torch.int32, got ",
+              dtype_name(t.scalar_type()));
+  TORCH_CHECK(t.device() == q.device(), "flashop: ", name, " must be on the device of q (", q.device(), "), got ",
+              t.device());
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == size, "flashop: ", name, " must have shape ", what, " = (", size,
+              ",), got ", t.sizes());
+}
+
+void check_rank3(const at::Tensor& t, const char* name, const char* rows) {
+  TORCH_CHECK(t.dim() == 3, "flashop: with cu_seqlens, ", name, " must be a 3-D tensor (", rows,
+              ", nheads, headdim), got a ", t.dim(), "-D tensor");
+}
+
+}  // namespace
+
+AttentionDims check_varlen_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const VarlenArgs& args) {
+  check_rank3(q, "q", "total_q");
+  check_rank3(k, "k", "total_k");
+  check_rank3(v, "v", "total_k");
+  // The dense rules on the packed tensors seen as one batch entry.
+  AttentionDims dims = check_forward_inputs(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0));
+  TORCH_CHECK(args.cu_seqlens_q.dim() == 1 && args.cu_seqlens_q.size(0) >= 1, "flashop: cu_seqlens_q must have shape "
+              "(batch + 1,), got ", args.cu_seqlens_q.sizes());
+  const int64_t batch = args.cu_seqlens_q.size(0) - 1;
+  check_index_tensor(args.cu_seqlens_q, "cu_seqlens_q", q, batch + 1, "(batch + 1,)");
+  check_index_tensor(args.cu_seqlens_k, "cu_seqlens_k", q, batch + 1, "(batch + 1,)");
+  if (args.seqused_q.has_value()) check_index_tensor(*args.seqused_q, "seqused_q", q, batch, "(batch,)");
+  if (args.seqused_k.has_value()) check_index_tensor(*args.seqused_k, "seqused_k", q, batch, "(batch,)");
+  dims.batch = batch;
+  return dims;
+}
+
+void check_varlen_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
+                                  const at::Tensor& softmax_lse, const AttentionDims& dims) {
+  TORCH_CHECK(dout.sizes() == q.sizes(), "flashop: dout must have the shape of q ", q.sizes(), ", got ", dout.sizes());
+  TORCH_CHECK(out.sizes() == q.sizes(), "flashop: out must have the shape of q ", q.sizes(), ", got ", out.sizes());
+  check_same_dtype_device(dout, "dout", q);
+  check_same_dtype_device(out, "out", q);
+  check_last_dim_contiguous(dout, "dout");
+  check_last_dim_contiguous(out, "out");
+  const std::vector<int64_t> lse_shape{dims.heads_q, dims.seqlen_q};
+  TORCH_CHECK(softmax_lse.sizes() == at::IntArrayRef(lse_shape), "flashop: softmax_lse must have shape (nheads, total_q) = ",
+              at::IntArrayRef(lse_shape), ", got ", softmax_lse.sizes());
+  TORCH_CHECK(softmax_lse.scalar_type() == at::kFloat, "flashop: softmax_lse must have dtype torch.float32, got ",
+              dtype_name(softmax_lse.scalar_type()));
+  TORCH_CHECK(softmax_lse.device() == q.device(), "flashop: softmax_lse must be on the device of q (", q.device(),
+              "), got ", softmax_lse.device());
+}
+
+void check_varlen_values(const at::Tensor& cu_seqlens, const char* name, int64_t total_tokens,
+                         std::optional<int64_t> max_seqlen, const char* max_name,
+                         const std::optional<at::Tensor>& seqused, const char* seqused_name) {
+  const at::Tensor cu = cu_seqlens.cpu().contiguous();
+  const int32_t* c = cu.const_data_ptr<int32_t>();
+  const int64_t batch = cu.size(0) - 1;
+  TORCH_CHECK(c[0] == 0, "flashop: ", name, " must start at 0, got ", c[0]);
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(c[b + 1] >= c[b], "flashop: ", name, " must not decrease, got ", c[b], " then ", c[b + 1],
+                " at index ", b);
+    TORCH_CHECK(!max_seqlen.has_value() || c[b + 1] - c[b] <= *max_seqlen, "flashop: ", max_name, " (", *max_seqlen,
+                ") is smaller than sequence ", b, "'s length ", c[b + 1] - c[b]);
+  }
+  TORCH_CHECK(c[batch] == total_tokens, "flashop: the last entry of ", name, " (", c[batch],
+              ") must be the number of tokens (", total_tokens, ")");
+  if (seqused.has_value()) {
+    const at::Tensor used = seqused->cpu().contiguous();
+    const int32_t* u = used.const_data_ptr<int32_t>();
+    for (int64_t b = 0; b < batch; ++b) {
+      TORCH_CHECK(u[b] >= 0 && u[b] <= c[b + 1] - c[b], "flashop: ", seqused_name, "[", b, "] (", u[b],
+                  ") must be between 0 and the sequence's length ", c[b + 1] - c[b]);
+    }
+  }
+}
+
 double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t headdim) {
   if (!softmax_scale.has_value()) return 1.0 / std::sqrt(static_cast<double>(headdim));
   TORCH_CHECK(std::isfinite(*softmax_scale), "flashop: softmax_scale must be a finite number, got ", *softmax_scale);

@@ -39,6 +39,27 @@ AttentionVariants check_variants(const AttentionDims& dims, const at::Tensor& q,
                                  int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
                                  const std::optional<at::Tensor>& sinks);
 
+// Variable-length (packed) batches: q (total_q, Hq, D), k and v (total_k, Hk, D), sequence b being rows
+// cu_seqlens_q[b] .. cu_seqlens_q[b + 1] (and of k/v likewise); cu_seqlens_* int32 (batch + 1,),
+// seqused_* int32 (batch,) (only the first seqused[b] tokens of sequence b take part). The tensor rules
+// (dtype, device, rank, sizes) hold at trace time too. Returns dims with batch = number of sequences and
+// seqlen_q / seqlen_k = the total tokens.
+struct VarlenArgs {
+  const at::Tensor& cu_seqlens_q;
+  const at::Tensor& cu_seqlens_k;
+  const std::optional<at::Tensor>& seqused_q;
+  const std::optional<at::Tensor>& seqused_k;
+};
+AttentionDims check_varlen_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const VarlenArgs& args);
+// dout and out shaped like q, softmax_lse (Hq, total_q) float32.
+void check_varlen_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
+                                  const at::Tensor& softmax_lse, const AttentionDims& dims);
+// The values, on the host (eager only): cu_seqlens start at 0, do not decrease and end at the total
+// tokens; max_seqlen (if given) is at least every sequence's length; seqused at most its sequence's length.
+void check_varlen_values(const at::Tensor& cu_seqlens, const char* name, int64_t total_tokens,
+                         std::optional<int64_t> max_seqlen, const char* max_name,
+                         const std::optional<at::Tensor>& seqused, const char* seqused_name);
+
 // softmax_scale defaults to 1/sqrt(D); an explicit value must be finite.
 double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t headdim);
 

@@ -21,19 +21,22 @@ TORCH_LIBRARY(flashop, m) {
   // The attention variants (csrc/attention_variants.h) are optional arguments after those, so today's
   // positional calls keep their meaning (not keyword-only: register_autograd takes no keyword-only
   // tensors). The backward takes no sinks: the forward's softmax_lse carries them, and their gradient is
-  // formed by the autograd formula (flashop/ops.py).
+  // formed by the autograd formula (flashop/ops.py). With cu_seqlens_q/k the batch is packed: q
+  // (total_q, Hq, D), k and v (total_k, Hk, D), softmax_lse (Hq, total_q) (csrc/checks.h, VarlenArgs).
   m.set_python_module("flashop.meta");
   m.def(
       "forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
       "str? config=None, bool deterministic=False, int window_size_left=-1, int window_size_right=-1, "
-      "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? learnable_sink=None) "
-      "-> (Tensor out, Tensor softmax_lse)",
+      "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? learnable_sink=None, Tensor? cu_seqlens_q=None, "
+      "Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, Tensor? seqused_q=None, "
+      "Tensor? seqused_k=None) -> (Tensor out, Tensor softmax_lse)",
       {at::Tag::pt2_compliant_tag});
   m.def(
       "backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
       "float? softmax_scale=None, bool causal=False, str? config=None, bool deterministic=False, "
-      "int window_size_left=-1, int window_size_right=-1, float softcap=0.0, Tensor? alibi_slopes=None) "
-      "-> (Tensor dq, Tensor dk, Tensor dv)",
+      "int window_size_left=-1, int window_size_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
+      "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, "
+      "Tensor? seqused_q=None, Tensor? seqused_k=None) -> (Tensor dq, Tensor dk, Tensor dv)",
       {at::Tag::pt2_compliant_tag});
 }
 

@@ -70,6 +70,61 @@ def check_backward_inputs(dout, q, out, softmax_lse, dims):
            f"flashop: softmax_lse must be on the device of q ({q.device}), got {softmax_lse.device}")
 
 
+def _index_tensor(t, name, q, size, what):
+    _check(t.dtype == torch.int32, f"flashop: {name} must have dtype torch.int32, got {t.dtype}")
+    _check(t.device == q.device, f"flashop: {name} must be on the device of q ({q.device}), got {t.device}")
+    _check(t.dim() == 1 and t.size(0) == size, f"flashop: {name} must have shape {what} = ({size},), got {list(t.shape)}")
+
+
+def _rank3(t, name, rows):
+    _check(t.dim() == 3, f"flashop: with cu_seqlens, {name} must be a 3-D tensor ({rows}, nheads, headdim), "
+           f"got a {t.dim()}-D tensor")
+
+
+def is_packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k):
+    """Whether a call is a packed (variable-length) batch (csrc/cpu/attention_cpu.cpp VarlenOptions::packed)."""
+    _check((cu_seqlens_q is None) == (cu_seqlens_k is None),
+           "flashop: cu_seqlens_q and cu_seqlens_k must be given together")
+    _check(cu_seqlens_q is not None or all(a is None for a in (max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)),
+           "flashop: max_seqlen_q/k and seqused_q/k need cu_seqlens_q and cu_seqlens_k")
+    return cu_seqlens_q is not None
+
+
+def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k):
+    """The tensor rules of a packed batch (csrc/checks.cpp check_varlen_inputs); dims with batch = number of
+    sequences and seqlen_q / seqlen_k = total tokens."""
+    _rank3(q, "q", "total_q")
+    _rank3(k, "k", "total_k")
+    _rank3(v, "v", "total_k")
+    _, total_q, total_k, heads_q, heads_k, headdim = check_forward_inputs(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0))
+    _check(cu_seqlens_q.dim() == 1 and cu_seqlens_q.size(0) >= 1,
+           f"flashop: cu_seqlens_q must have shape (batch + 1,), got {list(cu_seqlens_q.shape)}")
+    batch = cu_seqlens_q.size(0) - 1
+    _index_tensor(cu_seqlens_q, "cu_seqlens_q", q, batch + 1, "(batch + 1,)")
+    _index_tensor(cu_seqlens_k, "cu_seqlens_k", q, batch + 1, "(batch + 1,)")
+    if seqused_q is not None:
+        _index_tensor(seqused_q, "seqused_q", q, batch, "(batch,)")
+    if seqused_k is not None:
+        _index_tensor(seqused_k, "seqused_k", q, batch, "(batch,)")
+    return batch, total_q, total_k, heads_q, heads_k, headdim
+
+
+def check_varlen_backward_inputs(dout, q, out, softmax_lse, dims):
+    _, total_q, _, heads_q, _, _ = dims
+    _check(dout.shape == q.shape, f"flashop: dout must have the shape of q {list(q.shape)}, got {list(dout.shape)}")
+    _check(out.shape == q.shape, f"flashop: out must have the shape of q {list(q.shape)}, got {list(out.shape)}")
+    _same_dtype_device(dout, "dout", q)
+    _same_dtype_device(out, "out", q)
+    _last_dim_contiguous(dout, "dout")
+    _last_dim_contiguous(out, "out")
+    _check(list(softmax_lse.shape) == [heads_q, total_q],
+           f"flashop: softmax_lse must have shape (nheads, total_q) = {[heads_q, total_q]}, got {list(softmax_lse.shape)}")
+    _check(softmax_lse.dtype == torch.float32,
+           f"flashop: softmax_lse must have dtype torch.float32, got {softmax_lse.dtype}")
+    _check(softmax_lse.device == q.device,
+           f"flashop: softmax_lse must be on the device of q ({q.device}), got {softmax_lse.device}")
+
+
 def _variant_tensor(t, name, q, shapes, shape_text):
     _check(t.dtype == torch.float32, f"flashop: {name} must have dtype torch.float32, got {t.dtype}")
     _check(t.device == q.device, f"flashop: {name} must be on the device of q ({q.device}), got {t.device}")
@@ -119,23 +174,34 @@ def check_softmax_scale(softmax_scale):
 
 @torch.library.register_fake("flashop::forward")
 def forward_fake(q, k, v, softmax_scale=None, causal=False, config=None, deterministic=False,
-                 window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None):
-    dims = check_forward_inputs(q, k, v)
+                 window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None,
+                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None,
+                 seqused_k=None):
+    packed = is_packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
+    dims = (check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k) if packed
+            else check_forward_inputs(q, k, v))
     batch, seqlen_q, _, heads_q, _, headdim = dims
     check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink)
     check_softmax_scale(softmax_scale)
     dispatch.check_config(config, q.device, q.dtype, headdim, "forward", variants=variants_requested(
         causal, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink))
     out = q.new_empty(q.shape)
-    softmax_lse = q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
+    lse_shape = (heads_q, seqlen_q) if packed else (batch, heads_q, seqlen_q)  # packed: (nheads, total_q)
+    softmax_lse = q.new_empty(lse_shape, dtype=torch.float32)
     return out, softmax_lse
 
 
 @torch.library.register_fake("flashop::backward")
 def backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, config=None,
-                  deterministic=False, window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None):
-    dims = check_forward_inputs(q, k, v)
-    check_backward_inputs(dout, q, out, softmax_lse, dims)
+                  deterministic=False, window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None,
+                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None,
+                  seqused_k=None):
+    if is_packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k):
+        dims = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+        check_varlen_backward_inputs(dout, q, out, softmax_lse, dims)
+    else:
+        dims = check_forward_inputs(q, k, v)
+        check_backward_inputs(dout, q, out, softmax_lse, dims)
     check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes)
     check_softmax_scale(softmax_scale)
     dispatch.check_config(config, q.device, q.dtype, dims[5], "backward", deterministic, variants=variants_requested(

@@ -8,12 +8,8 @@ import math
 import torch
 from torch import nn
 
-from .ops import flash_attn_kvpacked_func, flash_attn_qkvpacked_func
-
-
-def _reject_varlen(cu_seqlens, max_seqlen):
-    if cu_seqlens is not None or max_seqlen is not None:
-        raise NotImplementedError("flashop: variable-length batches (cu_seqlens/max_seqlen) are not supported yet")
+from .ops import (flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_kvpacked_func,
+                  flash_attn_varlen_qkvpacked_func)
 
 
 def alibi_slopes(nheads: int) -> torch.Tensor:
@@ -57,22 +53,26 @@ class _AttentionBase(nn.Module):
 
 
 class FlashSelfAttention(_AttentionBase):
-    """Scaled dot-product self-attention over packed qkv (batch, seqlen, 3, nheads, headdim).
+    """Scaled dot-product self-attention over packed qkv (batch, seqlen, 3, nheads, headdim), or with
+    cu_seqlens (int32 (batch + 1,)) and max_seqlen a packed batch qkv (total, 3, nheads, headdim).
     learnable_sink: optional float32 (nheads,) attention sinks (e.g. the owning layer's parameter)."""
 
     def forward(self, qkv, causal=None, cu_seqlens=None, max_seqlen=None, learnable_sink=None):
-        _reject_varlen(cu_seqlens, max_seqlen)
+        if cu_seqlens is not None:
+            return flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, **self._options(causal, learnable_sink))
         return flash_attn_qkvpacked_func(qkv, **self._options(causal, learnable_sink))
 
 
 class FlashCrossAttention(_AttentionBase):
-    """Attention of q (batch, seqlen_q, nheads, headdim) over kv (batch, seqlen_k, 2, nheads_k, headdim).
-    learnable_sink: optional float32 (nheads,) attention sinks."""
+    """Attention of q (batch, seqlen_q, nheads, headdim) over kv (batch, seqlen_k, 2, nheads_k, headdim), or
+    with cu_seqlens / cu_seqlens_k a packed batch: q (total_q, nheads, headdim), kv (total_k, 2, nheads_k,
+    headdim). learnable_sink: optional float32 (nheads,) attention sinks."""
 
     def forward(self, q, kv, causal=None, cu_seqlens=None, max_seqlen=None, cu_seqlens_k=None, max_seqlen_k=None,
                 learnable_sink=None):
-        _reject_varlen(cu_seqlens, max_seqlen)
-        _reject_varlen(cu_seqlens_k, max_seqlen_k)
+        if cu_seqlens is not None:
+            return flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens, cu_seqlens_k, max_seqlen, max_seqlen_k,
+                                                   **self._options(causal, learnable_sink))
         return flash_attn_kvpacked_func(q, kv, **self._options(causal, learnable_sink))
 
 
@@ -125,8 +125,11 @@ class MHA(nn.Module):
 
     def forward(self, x, x_kv=None, key_padding_mask=None, cu_seqlens=None, max_seqlen=None, mixer_subset=None,
                 inference_params=None, **kwargs):
-        """x (batch, seqlen, embed_dim); x_kv (batch, seqlen_k, embed_dim) with cross_attn."""
-        _reject_varlen(cu_seqlens, max_seqlen)
+        """x (batch, seqlen, embed_dim), or (total, embed_dim) with cu_seqlens (int32 (batch + 1,)) and
+        max_seqlen; x_kv (batch, seqlen_k, embed_dim) with cross_attn."""
+        if cu_seqlens is not None and self.cross_attn:
+            raise NotImplementedError("flashop.modules.MHA: cu_seqlens with cross_attn is not supported")
+        packed = dict(cu_seqlens=cu_seqlens, max_seqlen=max_seqlen) if cu_seqlens is not None else {}
         for name, value in (("key_padding_mask", key_padding_mask), ("mixer_subset", mixer_subset),
                             ("inference_params", inference_params)):
             if value is not None:
@@ -141,9 +144,12 @@ class MHA(nn.Module):
         else:
             qkv = self.Wqkv(x)
             if self.num_heads_kv == self.num_heads:
-                context = self.inner_attn(qkv.unflatten(-1, (3, self.num_heads, hd)), learnable_sink=self.sinks)
+                context = self.inner_attn(qkv.unflatten(-1, (3, self.num_heads, hd)), learnable_sink=self.sinks,
+                                          **packed)
             else:
                 q = qkv[..., : self.embed_dim].unflatten(-1, (self.num_heads, hd))
                 kv = qkv[..., self.embed_dim:].unflatten(-1, (2, self.num_heads_kv, hd))
-                context = self.inner_cross_attn(q, kv, learnable_sink=self.sinks)
+                if packed:
+                    packed.update(cu_seqlens_k=cu_seqlens, max_seqlen_k=max_seqlen)
+                context = self.inner_cross_attn(q, kv, learnable_sink=self.sinks, **packed)
         return self.out_proj(context.flatten(-2))

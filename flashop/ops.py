@@ -14,9 +14,12 @@ backward_op = torch.ops.flashop.backward.default
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, softmax_scale, causal, _config, deterministic, window_size_left, window_size_right, softcap,
-     alibi_slopes, learnable_sink) = inputs
+     alibi_slopes, learnable_sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+     seqused_k) = inputs
     out, softmax_lse = output
-    ctx.save_for_backward(q, k, v, out, softmax_lse, alibi_slopes, learnable_sink)
+    ctx.save_for_backward(q, k, v, out, softmax_lse, alibi_slopes, learnable_sink, cu_seqlens_q, cu_seqlens_k,
+                          seqused_q, seqused_k)
+    ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.deterministic = deterministic
@@ -28,23 +31,28 @@ def _setup_context(ctx, inputs, output):
 
 def _sink_grad(dout, out, softmax_lse, learnable_sink):
     """d loss / d sink_h = -sum over rows of P_sink * rowsum(dO * O): the sink's logit has no value (zero),
-    so its dP is 0 and dS_sink = P_sink (0 - D), with P_sink = exp(sink - lse) (the lse includes the sink)."""
-    d_rows = (dout.float() * out.float()).sum(-1).transpose(1, 2)  # (B, Hq, Sq)
-    p_sink = torch.exp(learnable_sink[None, :, None] - softmax_lse)
-    return -(p_sink * d_rows).sum((0, 2))
+    so its dP is 0 and dS_sink = P_sink (0 - D), with P_sink = exp(sink - lse) (the lse includes the sink).
+    Packed batches: dout/out (total_q, Hq, D), lse (Hq, total_q); rows outside every sequence have lse = -inf."""
+    d_rows = (dout.float() * out.float()).sum(-1).transpose(-1, -2)  # (B, Hq, Sq) or (Hq, total_q)
+    p_sink = torch.exp(learnable_sink[:, None] - softmax_lse)
+    p_sink = torch.where(torch.isneginf(softmax_lse), 0.0, p_sink)  # rows that take no part
+    per_head = (p_sink * d_rows).sum(-1)  # (B, Hq) or (Hq,)
+    return -(per_head.sum(0) if per_head.dim() == 2 else per_head)
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, out, softmax_lse, alibi_slopes, learnable_sink = ctx.saved_tensors
+    (q, k, v, out, softmax_lse, alibi_slopes, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_q,
+     seqused_k) = ctx.saved_tensors
     if dout.size(-1) > 1 and dout.stride(-1) != 1:
         # Incoming gradients can be expanded or transposed; the kernels need unit stride in headdim only.
         dout = dout.contiguous()
     dq, dk, dv = backward_op(dout, q, k, v, out, softmax_lse, ctx.softmax_scale, ctx.causal, None,
-                             ctx.deterministic, *ctx.window, ctx.softcap, alibi_slopes)
+                             ctx.deterministic, *ctx.window, ctx.softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                             *ctx.max_seqlen, seqused_q, seqused_k)
     dsink = None
     if learnable_sink is not None and ctx.needs_input_grad[11]:
         dsink = _sink_grad(dout, out, softmax_lse, learnable_sink)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, dsink
+    return (dq, dk, dv, None, None, None, None, None, None, None, None, dsink) + (None,) * 6
 
 
 torch.library.register_autograd("flashop::forward", _backward, setup_context=_setup_context)
@@ -61,12 +69,19 @@ if _C.WITH_CUDA:
         on = left >= 0 or right > 0 or softcap > 0 or alibi_slopes is not None or learnable_sink is not None
         return causal, (left, right, float(softcap), alibi_slopes), on
 
+    def _reject_packed(op, *varlen):
+        if meta.is_packed(*varlen):
+            raise NotImplementedError(f"{op} (CUDA): packed batches (cu_seqlens) run on the CPU backend only so far")
+
     @torch.library.register_kernel("flashop::forward", "cuda")
     def _forward_cuda(q, k, v, softmax_scale=None, causal=False, config=None, deterministic=False,
-                      window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None):
+                      window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None,
+                      cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None,
+                      seqused_k=None):
         # The argument rules first, in Python (flashop/meta.py: the rules and messages of
         # csrc/checks.cpp): the policy below reads shapes, and the Hopper module must not build
         # error messages with numbers (csrc/cuda/sm90/bindings_sm90.cpp says why).
+        _reject_packed("flashop.forward", cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
         dims = meta.check_forward_inputs(q, k, v)
         meta.check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink)
         requested = meta.variants_requested(causal, window_size_left, window_size_right, softcap, alibi_slopes,
@@ -86,7 +101,11 @@ if _C.WITH_CUDA:
 
     @torch.library.register_kernel("flashop::backward", "cuda")
     def _backward_cuda(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, config=None,
-                       deterministic=False, window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None):
+                       deterministic=False, window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None,
+                       cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None,
+                       seqused_k=None):
+        _reject_packed("flashop.backward", cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                       seqused_k)
         dims = meta.check_forward_inputs(q, k, v)
         meta.check_backward_inputs(dout, q, out, softmax_lse, dims)
         meta.check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes)
@@ -180,6 +199,60 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     k, v = kv.unbind(2)
     return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config, deterministic, window_size, softcap,
                       alibi_slopes, learnable_sink)
+
+
+def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                      window_size, softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink, seqused_q,
+                      seqused_k, config):
+    out, softmax_lse = forward_op(q, k, v, softmax_scale, causal, config, deterministic, *_window_pair(window_size),
+                                  float(softcap), alibi_slopes, learnable_sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, seqused_q, seqused_k)
+    return (out, softmax_lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None, *, learnable_sink=None,
+                           seqused_q=None, seqused_k=None, config=None):
+    """Attention over a packed batch: q (total_q, nheads, headdim), k and v (total_k, nheads_k, headdim),
+    sequence b being rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q (int32 (batch + 1,), starting at 0) and
+    likewise of k/v. Causal and windows are aligned bottom-right within each sequence. seqused_q/k (int32
+    (batch,)): only the first seqused[b] tokens of each sequence take part (FlashAttention-3's). Returns out
+    (total_q, nheads, headdim), or (out, softmax_lse (nheads, total_q), None) with return_attn_probs. The other
+    arguments as in flash_attn_func."""
+    _reject_dropout(dropout_p)
+    if block_table is not None:
+        raise NotImplementedError("flashop: block_table (paged KV) is not supported yet")
+    return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                             window_size, softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink,
+                             seqused_q, seqused_k, config)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, *, learnable_sink=None, config=None):
+    """qkv (total, 3, nheads, headdim), one cu_seqlens for queries and keys. As flash_attn_varlen_func."""
+    _reject_dropout(dropout_p)
+    if qkv.dim() != 4 or qkv.size(1) != 3:
+        raise ValueError(f"flashop: qkv must have shape (total, 3, nheads, headdim), got {list(qkv.shape)}")
+    q, k, v = qkv.unbind(1)
+    return _varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, softmax_scale, causal,
+                             window_size, softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink,
+                             None, None, config)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                                    learnable_sink=None, config=None):
+    """q (total_q, nheads, headdim), kv (total_k, 2, nheads_k, headdim). As flash_attn_varlen_func."""
+    _reject_dropout(dropout_p)
+    if kv.dim() != 4 or kv.size(1) != 2:
+        raise ValueError(f"flashop: kv must have shape (total_k, 2, nheads_k, headdim), got {list(kv.shape)}")
+    k, v = kv.unbind(1)
+    return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                             window_size, softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink,
+                             None, None, config)
 
 
 # ---------------------------------------------------------------- torch.nn.functional-style API

@@ -186,9 +186,14 @@ class TestApiErrors(expecttest.TestCase):
         q = torch.randn(2, 8, 16)
         self.check(ValueError, lambda: flashop.scaled_dot_product_attention(q, q, q), """flashop.scaled_dot_product_attention: query must be a 4-D tensor (batch, nheads, seqlen, headdim), got a 3-D tensor""")
 
-    def test_module_varlen(self):
+    def test_module_varlen_cu_seqlens_dtype(self):
         module = flashop.modules.FlashSelfAttention()
-        self.check(NotImplementedError,
-                   lambda: module(torch.randn(1, 8, 3, 2, 16), cu_seqlens=torch.tensor([0, 8])), """flashop: variable-length batches (cu_seqlens/max_seqlen) are not supported yet""")
+        self.check(RuntimeError,
+                   lambda: module(torch.randn(8, 3, 2, 16), cu_seqlens=torch.tensor([0, 8]), max_seqlen=8), """flashop: cu_seqlens_q must have dtype torch.int32, got torch.int64""")
+
+    def test_varlen_cu_seqlens_end(self):
+        q = torch.randn(8, 2, 16)
+        cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+        self.check(RuntimeError, lambda: flashop.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4), """flashop: the last entry of cu_seqlens_q (7) must be the number of tokens (8)""")
 
 
