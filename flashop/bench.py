@@ -72,6 +72,9 @@ METHOD = """\
   `flex_attention`, the equivalent block mask and score mod, sinks applied through its lse); FLOPs count the
   visible (query, key) pairs. Beside them the window's cost: causal 32k keys with a 4k window against 32k
   queries over 4k keys, dense.
+* **Packed batches** (`--varlen`): 32k tokens of causal sequences with lengths uniform in 128..4096 (a fixed
+  seed), bf16 d128, 16 heads, against `torch.nn.attention.varlen.varlen_attn` and flashop's own dense causal
+  batch at the mean length; FLOPs of the causal pairs of each sequence.
 * **Ratios** are peer time / flashop time: > 1 means flashop is faster. The summary gives the harmonic
   mean of each row's ratios over the sequence lengths.
 * Regenerate a device's section with `python -m flashop.bench --device cuda --modes fwd bwd fwd+bwd
@@ -406,6 +409,100 @@ def variants_section(report: dict, heading: str = "##") -> str:
     return "\n".join(lines)
 
 
+# --- packed (variable-length) batches against torch's varlen_attn ---------------------------------------------
+
+
+def packed_lengths(tokens: int, low: int, high: int, seed: int = 0) -> list[int]:
+    """Sequence lengths drawn uniformly from [low, high] (a fixed seed) until `tokens` are filled; the last one
+    is cut to fit."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths, total = [], 0
+    while total < tokens:
+        n = min(int(torch.randint(low, high + 1, (), generator=gen)), tokens - total)
+        lengths.append(n)
+        total += n
+    return lengths
+
+
+def _varlen_peer(q, k, v, cu, max_seqlen):
+    """torch.nn.attention.varlen.varlen_attn, causal (its signature changed across releases)."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, **causal)
+
+
+def run_varlen_cases(args) -> list[dict]:
+    """32k tokens of lengths uniform in 128..4096, causal, bf16 d128 16 heads (the first of --dtypes/--headdims,
+    --heads), forward and forward + backward: flashop, torch's varlen_attn, and flashop's dense causal problem at
+    the mean length. FLOPs: the causal pairs of each sequence, on real tokens."""
+    dtype_name, headdim, heads = (args.dtypes or ["bf16"])[0], (args.headdims or [128])[0], args.heads or 16
+    dtype, lengths = DTYPES[dtype_name], packed_lengths(args.tokens, 128, 4096)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=args.device)
+    max_seqlen, mean = max(lengths), round(sum(lengths) / len(lengths))
+    pairs = sum(n * (n + 1) // 2 for n in lengths)
+    dense_pairs = (args.tokens // mean) * (mean * (mean + 1) // 2)
+    rows = []
+    for mode in args.modes or ["fwd", "fwd+bwd"]:
+        grad = mode != "fwd"
+        q, k, v = (torch.randn(sum(lengths), heads, headdim, device=args.device, dtype=dtype, requires_grad=grad)
+                   for _ in range(3))
+        dense = [torch.randn(args.tokens // mean, mean, heads, headdim, device=args.device, dtype=dtype,
+                             requires_grad=grad) for _ in range(3)]
+        attends = {
+            "flashop": lambda: flashop.flash_attn_varlen_func(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=True),
+            "varlen_attn": lambda: _varlen_peer(q, k, v, cu, max_seqlen),
+            "dense": lambda: flashop.flash_attn_func(*dense, causal=True),
+        }
+        ms = {}
+        for impl, attend in attends.items():
+            leaves = dense if impl == "dense" else [q, k, v]
+            if mode == "fwd":
+                def run(attend=attend):
+                    with torch.no_grad():
+                        attend()
+            else:
+                def run(attend=attend, leaves=leaves):
+                    out = attend()
+                    torch.autograd.grad(out, leaves, torch.ones_like(out))
+            try:
+                run()
+                ms[impl] = median_ms(run, args.device)
+            except (RuntimeError, NotImplementedError, ImportError, TypeError) as err:
+                print(f"  varlen: {impl} failed ({mode}): {str(err).splitlines()[0]}")
+        factor = {"fwd": 1.0, "fwd+bwd": 3.5}[mode]
+        per_pair = 4.0 * heads * headdim * factor
+        flops = {"flashop": per_pair * pairs, "varlen_attn": per_pair * pairs, "dense": per_pair * dense_pairs}
+        rows.append(dict(mode=mode, dtype=dtype_name, headdim=headdim, heads=heads, sequences=len(lengths),
+                         tokens=sum(lengths), mean=mean, max=max_seqlen, flops=flops,
+                         ms={impl: _json_ms(t) for impl, t in ms.items()}))
+    return rows
+
+
+def varlen_section(report: dict, heading: str = "##") -> str:
+    u = unit(report)
+    per_second = 1e12 if report["device"] == "cuda" else 1e9
+    lines = [f"{heading}# Packed batches", "",
+             "Causal sequences of lengths uniform in 128..4096 packed into one batch, against torch's "
+             "`torch.nn.attention.varlen.varlen_attn` (FlashAttention-2 inside torch), and flashop's dense causal "
+             f"batch at the mean length. {u} on real tokens.", ""]
+    head = ["mode", "dtype", "d", "heads", "sequences (mean, max)", f"flashop {u}", f"varlen_attn {u}",
+            "vs varlen_attn", f"dense at the mean {u}", "vs dense"]
+    rows = []
+    for r in report["varlen"]:
+        speed = {impl: r["flops"][impl] / (ms * 1e-3) / per_second for impl, ms in r["ms"].items() if ms}
+        ours = speed.get("flashop")
+        ratio = {p: ours / speed[p] if ours and speed.get(p) else None for p in ("varlen_attn", "dense")}
+        rows.append([r["mode"], r["dtype"], str(r["headdim"]), str(r["heads"]),
+                     f"{r['sequences']} ({r['mean']}, {r['max']})", _fmt(ours, ".1f"),
+                     _fmt(speed.get("varlen_attn"), ".1f"), _fmt(ratio["varlen_attn"], ".2f"),
+                     _fmt(speed.get("dense"), ".1f"), _fmt(ratio["dense"], ".2f")])
+    return "\n".join(lines + _table(head, rows) + [""])
+
+
 # --- the report: a JSON-able dict per device, rendered to markdown and a plot ------------------------------
 
 
@@ -520,6 +617,8 @@ def device_section(report: dict, heading: str = "##") -> str:
         lines[-1:-1] = [f"flashop forced to run `{report['config']}` (not the policy's pick).", ""]
     if report.get("variants"):
         lines += [variants_section(report, heading), ""]
+    if report.get("varlen"):
+        lines += [varlen_section(report, heading), ""]
     if not report["results"]:
         return "\n".join(lines)
     modes = _modes(report)
@@ -693,7 +792,10 @@ def parse_args(argv=None):
                    "FlexAttention (first of --dtypes/--headdims/--seqlens, default bf16 d128 8k; --modes), and "
                    "the window's cost against a dense problem with as many keys per query")
     p.add_argument("--batch-variants", type=int, default=4, help="batch of the variant cases (default 4)")
-    p.add_argument("--no-sweep", action="store_true", help="skip the dense sweep (with --variants)")
+    p.add_argument("--varlen", action="store_true", help="also time a packed batch (--tokens tokens of lengths "
+                   "uniform in 128..4096, causal) against torch's varlen_attn and flashop's dense batch at the mean "
+                   "length")
+    p.add_argument("--no-sweep", action="store_true", help="skip the dense sweep (with --variants or --varlen)")
     args = p.parse_args(argv)
     args.tokens = args.tokens or (32768 if args.device == "cuda" else 4096)
     args.rounds = args.rounds or (3 if args.device == "cuda" else 1)
@@ -721,6 +823,8 @@ def main(argv=None):
     if args.variants:
         report["variants"] = run_variant_cases(args)
         report["window_cost"] = window_cost_rows(args) if args.device == "cuda" else []
+    if args.varlen:
+        report["varlen"] = run_varlen_cases(args)
     print(device_section(report, heading="#"))
     if args.out_dir:
         write_report(report, args.out_dir, f"bench_{args.device}", markdown=True)

@@ -76,3 +76,16 @@ def assert_grad_close_to_reference(ours, reference, torch_lowp, name):
     """Gradients: FlashAttention-2's own tests allow three times PyTorch's error (twice for the output).
     dQ, dK and dV sum products of rounded P and dS, so their error grows with one more rounding than O's."""
     assert_close_to_reference(ours, reference, torch_lowp, name, atol_floor=1e-4, factor=3)
+
+
+def sink_grad_from_output(dout, out, lse, learnable_sink):
+    """d loss / d sink in float64 from a given output: -sum over rows of exp(sink - lse) * rowsum(dO * O).
+    dout/out (B, S, H, D) with lse (B, H, S), or packed (T, H, D) with lse (H, T); rows with lse = -inf take
+    no part. In 16-bit dtypes the sinks' gradient is dominated by the rounding of O before this sum (the
+    kernels form rowsum(dO * O) from the stored O, as FlashAttention does), so tests compare it with this sum
+    over the op's own O; in float32 against autograd of the reference."""
+    d_rows = (dout.double() * out.double()).sum(-1).transpose(-1, -2)
+    lse = lse.double()
+    p_sink = torch.where(torch.isneginf(lse), 0.0, torch.exp(learnable_sink.double()[:, None] - lse))
+    per_head = (p_sink * d_rows).sum(-1)
+    return -(per_head.sum(0) if per_head.dim() == 2 else per_head)

@@ -132,3 +132,17 @@ def test_variants_section_ratios():
     markdown = bench.device_section(report)
     assert "| ALiBi | fwd | bf16 | 64 | 512 | 1x4 | 200.0 | 66.7 | 3.00 |" in markdown
     assert "| sinks | fwd | bf16 | 64 | 512 | 1x4 | 200.0 | - | - |" in markdown
+
+
+def test_packed_lengths_fill_the_tokens():
+    lengths = bench.packed_lengths(32768, 128, 4096)
+    assert sum(lengths) == 32768 and max(lengths) <= 4096 and min(lengths[:-1]) >= 128
+    assert lengths == bench.packed_lengths(32768, 128, 4096)  # a fixed draw
+
+
+def test_varlen_section_ratios():
+    row = dict(mode="fwd", dtype="bf16", headdim=128, heads=16, sequences=3, tokens=300, mean=100, max=150,
+               flops={"flashop": 3e12, "varlen_attn": 3e12, "dense": 2e12}, ms={"flashop": 10.0, "varlen_attn": 20.0,
+                                                                                "dense": 5.0})
+    markdown = bench.device_section(dict(gpu_report(), results=[], varlen=[row]))
+    assert "| fwd | bf16 | 128 | 16 | 3 (100, 150) | 300.0 | 150.0 | 2.00 | 400.0 | 0.75 |" in markdown

@@ -23,6 +23,8 @@
 #             BENCH_ARGS adds flashop.bench arguments (e.g. "--modes fwd --headdims 128"). $OUT/bench.log.
 #   variants  windows, softcap, ALiBi and sinks against FlexAttention, and the window's cost
 #             (flashop.bench --variants --no-sweep; BENCH_ARGS applies) into $OUT/bench_cuda.{md,json}.
+#   varlen    a packed batch against torch's varlen_attn and the dense batch at the mean length
+#             (flashop.bench --varlen --no-sweep; BENCH_ARGS applies) into $OUT/bench_cuda.{md,json}.
 #   quick     a short benchmark (bf16, d64/d128, seqlens 1k/4k/16k, fwd) into $OUT/bench_cuda.{md,json,png};
 #             BENCH_ARGS applies here too.
 #   compare   every candidate config timed per shape, relative to the fastest (flashop.tune --dry-run, no cache
@@ -40,7 +42,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 usage() { sed -n '2,/^set -uo/{/^#/{s/^# \{0,1\}//;p}}' "$0"; }
-known=" prebuilt build pack test sanitize bench variants quick compare policy fa2 profile "
+known=" prebuilt build pack test sanitize bench variants varlen quick compare policy fa2 profile "
 for arg in "$@"; do
   case "$arg" in
     -h|--help) usage; exit 0 ;;
@@ -111,6 +113,11 @@ if has variants; then
   step "variants vs FlexAttention"
   python3 -m flashop.bench --device cuda --variants --no-sweep --out-dir "$OUT" ${BENCH_ARGS:-} 2>&1 \
     | grep -v "it/s\]" | tail -20
+fi
+if has varlen; then
+  step "packed batch vs varlen_attn"
+  python3 -m flashop.bench --device cuda --varlen --no-sweep --out-dir "$OUT" ${BENCH_ARGS:-} 2>&1 \
+    | grep -v "it/s\]" | tail -12
 fi
 if has quick; then
   step "quick bench"
