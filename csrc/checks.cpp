@@ -61,16 +61,18 @@ AttentionDims check_forward_inputs(const at::Tensor& q, const at::Tensor& k, con
 }
 
 void check_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
-                           const at::Tensor& softmax_lse, const AttentionDims& dims) {
+                           const at::Tensor& softmax_lse, const AttentionDims& dims, bool packed) {
   TORCH_CHECK(dout.sizes() == q.sizes(), "flashop: dout must have the shape of q ", q.sizes(), ", got ", dout.sizes());
   TORCH_CHECK(out.sizes() == q.sizes(), "flashop: out must have the shape of q ", q.sizes(), ", got ", out.sizes());
   check_same_dtype_device(dout, "dout", q);
   check_same_dtype_device(out, "out", q);
   check_last_dim_contiguous(dout, "dout");
   check_last_dim_contiguous(out, "out");
-  const std::vector<int64_t> lse_shape{dims.batch, dims.heads_q, dims.seqlen_q};
-  TORCH_CHECK(softmax_lse.sizes() == at::IntArrayRef(lse_shape), "flashop: softmax_lse must have shape (batch, nheads, seqlen_q) = ",
-              at::IntArrayRef(lse_shape), ", got ", softmax_lse.sizes());
+  const std::vector<int64_t> lse_shape = packed ? std::vector<int64_t>{dims.heads_q, dims.seqlen_q}
+                                                 : std::vector<int64_t>{dims.batch, dims.heads_q, dims.seqlen_q};
+  TORCH_CHECK(softmax_lse.sizes() == at::IntArrayRef(lse_shape), "flashop: softmax_lse must have shape ",
+              packed ? "(nheads, total_q)" : "(batch, nheads, seqlen_q)", " = ", at::IntArrayRef(lse_shape), ", got ",
+              softmax_lse.sizes());
   TORCH_CHECK(softmax_lse.scalar_type() == at::kFloat, "flashop: softmax_lse must have dtype torch.float32, got ",
               dtype_name(softmax_lse.scalar_type()));
   TORCH_CHECK(softmax_lse.device() == q.device(), "flashop: softmax_lse must be on the device of q (", q.device(),
@@ -160,23 +162,6 @@ AttentionDims check_varlen_inputs(const at::Tensor& q, const at::Tensor& k, cons
   if (args.seqused_k.has_value()) check_index_tensor(*args.seqused_k, "seqused_k", q, batch, "(batch,)");
   dims.batch = batch;
   return dims;
-}
-
-void check_varlen_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
-                                  const at::Tensor& softmax_lse, const AttentionDims& dims) {
-  TORCH_CHECK(dout.sizes() == q.sizes(), "flashop: dout must have the shape of q ", q.sizes(), ", got ", dout.sizes());
-  TORCH_CHECK(out.sizes() == q.sizes(), "flashop: out must have the shape of q ", q.sizes(), ", got ", out.sizes());
-  check_same_dtype_device(dout, "dout", q);
-  check_same_dtype_device(out, "out", q);
-  check_last_dim_contiguous(dout, "dout");
-  check_last_dim_contiguous(out, "out");
-  const std::vector<int64_t> lse_shape{dims.heads_q, dims.seqlen_q};
-  TORCH_CHECK(softmax_lse.sizes() == at::IntArrayRef(lse_shape), "flashop: softmax_lse must have shape (nheads, total_q) = ",
-              at::IntArrayRef(lse_shape), ", got ", softmax_lse.sizes());
-  TORCH_CHECK(softmax_lse.scalar_type() == at::kFloat, "flashop: softmax_lse must have dtype torch.float32, got ",
-              dtype_name(softmax_lse.scalar_type()));
-  TORCH_CHECK(softmax_lse.device() == q.device(), "flashop: softmax_lse must be on the device of q (", q.device(),
-              "), got ", softmax_lse.device());
 }
 
 void check_varlen_values(const at::Tensor& cu_seqlens, const char* name, int64_t total_tokens,

@@ -27,9 +27,10 @@ constexpr int64_t kMaxHeadDim = 256;
 // same device, Hq % Hk == 0, 1 <= D <= 256, last dimension contiguous.
 AttentionDims check_forward_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
-// dout and out shaped like q, softmax_lse (B, Hq, Sq) float32, all on q's device.
+// dout and out shaped like q, softmax_lse (B, Hq, Sq) float32 (packed batches: (Hq, total_q), dims from
+// check_varlen_inputs), all on q's device.
 void check_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
-                           const at::Tensor& softmax_lse, const AttentionDims& dims);
+                           const at::Tensor& softmax_lse, const AttentionDims& dims, bool packed = false);
 
 // The variant arguments (window_size_left/right, softcap, alibi_slopes, learnable_sink; sinks absent in
 // the backward), checked and normalised: causal sets window_right = 0, a window bound that excludes no
@@ -51,9 +52,6 @@ struct VarlenArgs {
   const std::optional<at::Tensor>& seqused_k;
 };
 AttentionDims check_varlen_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const VarlenArgs& args);
-// dout and out shaped like q, softmax_lse (Hq, total_q) float32.
-void check_varlen_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
-                                  const at::Tensor& softmax_lse, const AttentionDims& dims);
 // The values, on the host (eager only): cu_seqlens start at 0, do not decrease and end at the total
 // tokens; max_seqlen (if given) is at least every sequence's length; seqused at most its sequence's length.
 void check_varlen_values(const at::Tensor& cu_seqlens, const char* name, int64_t total_tokens,

@@ -53,7 +53,9 @@ def check_forward_inputs(q, k, v):
     return q.size(0), q.size(1), k.size(1), heads_q, heads_k, headdim
 
 
-def check_backward_inputs(dout, q, out, softmax_lse, dims):
+def check_backward_inputs(dout, q, out, softmax_lse, dims, packed=False):
+    """dout and out shaped like q; softmax_lse (batch, nheads, seqlen_q), or (nheads, total_q) for a packed
+    batch (dims from check_varlen_inputs)."""
     batch, seqlen_q, _, heads_q, _, _ = dims
     _check(dout.shape == q.shape, f"flashop: dout must have the shape of q {list(q.shape)}, got {list(dout.shape)}")
     _check(out.shape == q.shape, f"flashop: out must have the shape of q {list(q.shape)}, got {list(out.shape)}")
@@ -61,9 +63,10 @@ def check_backward_inputs(dout, q, out, softmax_lse, dims):
     _same_dtype_device(out, "out", q)
     _last_dim_contiguous(dout, "dout")
     _last_dim_contiguous(out, "out")
-    lse_shape = [batch, heads_q, seqlen_q]
+    lse_shape, lse_dims = ([heads_q, seqlen_q], "(nheads, total_q)") if packed else \
+        ([batch, heads_q, seqlen_q], "(batch, nheads, seqlen_q)")
     _check(list(softmax_lse.shape) == lse_shape,
-           f"flashop: softmax_lse must have shape (batch, nheads, seqlen_q) = {lse_shape}, got {list(softmax_lse.shape)}")
+           f"flashop: softmax_lse must have shape {lse_dims} = {lse_shape}, got {list(softmax_lse.shape)}")
     _check(softmax_lse.dtype == torch.float32,
            f"flashop: softmax_lse must have dtype torch.float32, got {softmax_lse.dtype}")
     _check(softmax_lse.device == q.device,
@@ -107,22 +110,6 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_
     if seqused_k is not None:
         _index_tensor(seqused_k, "seqused_k", q, batch, "(batch,)")
     return batch, total_q, total_k, heads_q, heads_k, headdim
-
-
-def check_varlen_backward_inputs(dout, q, out, softmax_lse, dims):
-    _, total_q, _, heads_q, _, _ = dims
-    _check(dout.shape == q.shape, f"flashop: dout must have the shape of q {list(q.shape)}, got {list(dout.shape)}")
-    _check(out.shape == q.shape, f"flashop: out must have the shape of q {list(q.shape)}, got {list(out.shape)}")
-    _same_dtype_device(dout, "dout", q)
-    _same_dtype_device(out, "out", q)
-    _last_dim_contiguous(dout, "dout")
-    _last_dim_contiguous(out, "out")
-    _check(list(softmax_lse.shape) == [heads_q, total_q],
-           f"flashop: softmax_lse must have shape (nheads, total_q) = {[heads_q, total_q]}, got {list(softmax_lse.shape)}")
-    _check(softmax_lse.dtype == torch.float32,
-           f"flashop: softmax_lse must have dtype torch.float32, got {softmax_lse.dtype}")
-    _check(softmax_lse.device == q.device,
-           f"flashop: softmax_lse must be on the device of q ({q.device}), got {softmax_lse.device}")
 
 
 def _variant_tensor(t, name, q, shapes, shape_text):
@@ -198,7 +185,7 @@ def backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=Fa
                   seqused_k=None):
     if is_packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k):
         dims = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
-        check_varlen_backward_inputs(dout, q, out, softmax_lse, dims)
+        check_backward_inputs(dout, q, out, softmax_lse, dims, packed=True)
     else:
         dims = check_forward_inputs(q, k, v)
         check_backward_inputs(dout, q, out, softmax_lse, dims)

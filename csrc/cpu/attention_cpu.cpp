@@ -192,11 +192,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
   const VarlenOptions varlen{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k};
   const bool packed = varlen.packed();
   const AttentionDims dims = packed ? varlen.check(q, k, v) : check_forward_inputs(q, k, v);
-  if (packed) {
-    check_varlen_backward_inputs(dout, q, out, softmax_lse, dims);
-  } else {
-    check_backward_inputs(dout, q, out, softmax_lse, dims);
-  }
+  check_backward_inputs(dout, q, out, softmax_lse, dims, packed);
   const AttentionVariants variants = check_variants(dims, q, causal, window_size_left, window_size_right, softcap,
                                                     alibi_slopes, std::nullopt);
   check_cpu_config(config, "flashop.backward");
