@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import flashop
-from conftest import DEVICES, cuda_cannot_run
+from conftest import DEVICES
 from reference import (assert_close_to_reference, assert_grad_close_to_reference, attention_reference,
                        sink_grad_from_output)
 from test_forward import DTYPES
@@ -63,8 +63,8 @@ def test_varlen_matches_per_sequence_reference(device, dtype, case):
         return flashop.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_attn_probs=True,
                                               learnable_sink=sinks, seqused_q=used_q, seqused_k=used_k, **args)
 
-    if cuda_cannot_run(device, dtype, d) or device == "cuda":
-        with pytest.raises((RuntimeError, NotImplementedError)):
+    if device == "cuda":  # the CUDA kernels take no packed batches yet: a clear refusal, not a wrong answer
+        with pytest.raises(NotImplementedError, match="packed batches \\(cu_seqlens\\) run on the CPU backend only"):
             ours(q, k, v, sinks)
         return
 
