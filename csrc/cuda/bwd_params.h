@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "../attention_variants.h"
+#include "../packed_sequences.h"
 
 namespace flashop {
 
@@ -72,6 +73,8 @@ struct BwdParams {
   // Windows, softcap, ALiBi (csrc/attention_variants.h; sinks need nothing here: lse carries them);
   // causal above is variants' (-1, 0) window.
   AttentionVariants variants;
+  // Packed batches (csrc/packed_sequences.h); packed.packed() false for a dense batch.
+  PackedSequences packed;
   // Bit-identical dQ run to run: key tiles add their dQ contributions to a
   // query tile in key-tile order, serialised by dq_semaphore (see bwd_kernel.cuh).
   bool deterministic;

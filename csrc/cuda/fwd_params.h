@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "../attention_variants.h"
+#include "../packed_sequences.h"
 
 namespace flashop {
 
@@ -46,6 +47,8 @@ struct FwdParams {
   bool causal;       // bottom-right aligned: query i sees key j iff j <= i + Sk - Sq
   // Windows, softcap, ALiBi, sinks (csrc/attention_variants.h); causal above is variants' (-1, 0) window.
   AttentionVariants variants;
+  // Packed batches (csrc/packed_sequences.h); packed.packed() false for a dense batch.
+  PackedSequences packed;
 
   // Set by the sm_90a launchers, unused elsewhere. Split tail: with stream_k, the
   // query tiles from stream_k_tile0 on are shared out over the CTAs in equal runs of key tiles, and a
