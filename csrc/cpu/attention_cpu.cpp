@@ -1,6 +1,7 @@
 // CPU kernels of flashop::forward and flashop::backward: argument checks, output
 // allocation, and the dtype switch into the tile kernels of attention_kernels.h.
 #include "../checks.h"
+#include "../packed_sequences.h"
 #include "attention_kernels.h"
 
 #include <ATen/core/Tensor.h>
@@ -84,24 +85,28 @@ void run_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor&
 
 // A packed batch's sequences: rows [q0, q0 + len_q) of q and [k0, k0 + len_k) of k/v take part (the first
 // seqused tokens of each sequence); the other rows of a sequence give zero output and lse = -inf, and get
-// zero gradients.
+// zero gradients. The bounds are sequence_bounds' (csrc/packed_sequences.h), as the CUDA kernels read them.
 struct Sequence {
   int64_t q0, len_q, k0, len_k;
 };
 
 std::vector<Sequence> varlen_sequences(const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                                        const std::optional<at::Tensor>& seqused_q,
-                                       const std::optional<at::Tensor>& seqused_k) {
+                                       const std::optional<at::Tensor>& seqused_k, const AttentionDims& dims,
+                                       std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k) {
   const at::Tensor cu_q = cu_seqlens_q.contiguous(), cu_k = cu_seqlens_k.contiguous();
   const at::Tensor used_q = seqused_q ? seqused_q->contiguous() : at::Tensor();
   const at::Tensor used_k = seqused_k ? seqused_k->contiguous() : at::Tensor();
-  const int32_t* cq = cu_q.const_data_ptr<int32_t>();
-  const int32_t* ck = cu_k.const_data_ptr<int32_t>();
   const int32_t* uq = seqused_q ? used_q.const_data_ptr<int32_t>() : nullptr;
   const int32_t* uk = seqused_k ? used_k.const_data_ptr<int32_t>() : nullptr;
+  const int total_q = static_cast<int>(dims.seqlen_q), total_k = static_cast<int>(dims.seqlen_k);
+  const int max_q = static_cast<int>(max_seqlen_q.value_or(total_q));
+  const int max_k = static_cast<int>(max_seqlen_k.value_or(total_k));
   std::vector<Sequence> seqs(cu_q.size(0) - 1);
   for (size_t b = 0; b < seqs.size(); ++b) {
-    seqs[b] = {cq[b], uq ? uq[b] : cq[b + 1] - cq[b], ck[b], uk ? uk[b] : ck[b + 1] - ck[b]};
+    const SequenceBounds sq = sequence_bounds(cu_q.const_data_ptr<int32_t>(), uq, int(b), total_q, max_q);
+    const SequenceBounds sk = sequence_bounds(cu_k.const_data_ptr<int32_t>(), uk, int(b), total_k, max_k);
+    seqs[b] = {sq.start, sq.used, sk.start, sk.used};
   }
   return seqs;
 }
@@ -167,7 +172,8 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu(
   at::Tensor lse = at::full({dims.heads_q, dims.seqlen_q}, -std::numeric_limits<float>::infinity(),
                             q.options().dtype(at::kFloat));
   out.zero_();
-  const auto seqs = varlen_sequences(*cu_seqlens_q, *cu_seqlens_k, seqused_q, seqused_k);
+  const auto seqs =
+      varlen_sequences(*cu_seqlens_q, *cu_seqlens_k, seqused_q, seqused_k, dims, max_seqlen_q, max_seqlen_k);
   for (size_t b = 0; b < seqs.size(); ++b) {
     const Sequence& s = seqs[b];
     if (s.len_q == 0) continue;
@@ -209,7 +215,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
   at::Tensor dq = at::zeros(q.sizes(), q.options());
   at::Tensor dk = at::zeros(k.sizes(), k.options());
   at::Tensor dv = at::zeros(v.sizes(), v.options());
-  const auto seqs = varlen_sequences(*cu_seqlens_q, *cu_seqlens_k, seqused_q, seqused_k);
+  const auto seqs =
+      varlen_sequences(*cu_seqlens_q, *cu_seqlens_k, seqused_q, seqused_k, dims, max_seqlen_q, max_seqlen_k);
   for (size_t b = 0; b < seqs.size(); ++b) {
     const Sequence& s = seqs[b];
     if (s.len_q == 0 || s.len_k == 0) continue;  // no pair: every gradient of the sequence is zero
