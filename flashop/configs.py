@@ -146,6 +146,10 @@ class KernelConfig:
         """Lowest compute capability (major * 10 + minor) the kernel runs on."""
         return 80
 
+    # Packed batches (cu_seqlens, csrc/packed_sequences.h): run by the variants build with the sequence
+    # bounds (fwd_kernel.cuh kPacked).
+    supports_packed = True
+
     @property
     def name(self) -> str:
         parts = [
@@ -310,6 +314,9 @@ class BackwardConfig:
     block_m: int  # B_r: query rows per step
     warps: int
     flags: tuple = ()  # subset of BACKWARD_FLAGS, in BACKWARD_FLAGS order
+
+    # Packed batches: run by the score-mod build with the sequence bounds (bwd_kernel.cuh kPacked).
+    supports_packed = True
 
     @property
     def name(self) -> str:
@@ -585,6 +592,11 @@ class HopperConfig:
         return not (self.block_n == 192 and not self.persistent)
 
     @property
+    def supports_packed(self) -> bool:
+        """Runs packed batches (cu_seqlens): on the variants build, with per-sequence offsets (fwd_scheduler.cuh)."""
+        return self.supports_variants
+
+    @property
     def split_tail(self) -> bool:
         """The persistent kernel in the plain tile order (not longest-first) shares the tiles of the last two
         waves out over all CTAs by key tiles when the tiles leave the last wave at least 1% idle (non-causal;
@@ -687,10 +699,13 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
 #
-# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.lpt] and sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64[.lpt].
+# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.lpt], sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64[.lpt] and
+# sm90.bwd.<dtype>.d192.br64.bc96[.lpt].
 # FlashAttention-2's backward on wgmma + TMA: one producer and two consumer warpgroups per key tile of 128 rows
 # (csrc/cuda/sm90/bwd_kernel.cuh), of 64 rows at the wide widths (Sm90BwdWideTraits: the consumers split
-# dK, dV and dQ by columns, whose accumulators at 128 keys would not fit 240 registers). Not
+# dK, dV and dQ by columns, whose accumulators at 128 keys would not fit 240 registers; at B_c = 96,
+# bwd_kernel_sm90_wide_keys, the consumers split the keys and compute dK^T, dV^T: a third fewer dQ atomics
+# and Q/dO reloads per key, built without the attention variants). Not
 # deterministic (dQ atomics): deterministic=True runs an mma.sync backward config instead.
 # "lpt" (Sm90BwdLpt, csrc/cuda/sm90/bwd_lpt.h): causal problems take the blocks longest first, key-tile
 # major within groups of (batch, kv head) pairs (the mma.sync "lpt" grouping); other problems the plain
@@ -704,6 +719,8 @@ HOPPER_BACKWARD_WIDTHS = (64, 96, 128)
 # Sm90BwdWideTraits: B_c = 64; column blocks of 64 (128B swizzle) at 256, 32 (64B) at 192, 16 (32B) at
 # 160 and 224, so that each consumer's half of D is whole blocks.
 HOPPER_BACKWARD_WIDE_WIDTHS = (160, 192, 224, 256)
+# The wide widths also built with B_c = 96 (Sm90BwdWideTraits<kBf16, D, 96>), the policy's default there.
+HOPPER_BACKWARD_BC96_WIDTHS = (192,)
 # Suffixes of a Hopper backward name, in name order.
 _HOPPER_BACKWARD_SUFFIXES = ("lpt",)
 # The widths whose ".lpt" build is listed (any width takes it when named in FLASHOP_BWD_KERNELS).
@@ -723,15 +740,27 @@ class HopperBackwardConfig:
             raise ValueError(f"HopperBackwardConfig: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         narrow = self.headdim in HOPPER_BACKWARD_WIDTHS and (self.block_n, self.block_m) == (128, 64)
         wide = self.headdim in HOPPER_BACKWARD_WIDE_WIDTHS and (self.block_n, self.block_m) == (64, 64)
-        if not (narrow or wide):
+        keys = self.headdim in HOPPER_BACKWARD_BC96_WIDTHS and (self.block_n, self.block_m) == (96, 64)
+        if not (narrow or wide or keys):
             raise ValueError(f"HopperBackwardConfig {self.name!r}: the kernel takes D = "
                              f"{', '.join(map(str, HOPPER_BACKWARD_WIDTHS))} with B_c = 128, B_r = 64, or D = "
-                             f"{', '.join(map(str, HOPPER_BACKWARD_WIDE_WIDTHS))} with B_c = 64, B_r = 64")
+                             f"{', '.join(map(str, HOPPER_BACKWARD_WIDE_WIDTHS))} with B_c = 64, B_r = 64, or D = "
+                             f"{', '.join(map(str, HOPPER_BACKWARD_BC96_WIDTHS))} with B_c = 96, B_r = 64")
 
     @property
     def wide(self) -> bool:
         """Sm90BwdWideTraits (bwd_kernel_sm90_wide) rather than Sm90BwdTraits."""
         return self.headdim in HOPPER_BACKWARD_WIDE_WIDTHS
+
+    @property
+    def supports_variants(self) -> bool:
+        """Built with the attention variants (Sm90BwdWideTraits::kSupportsVariants): all but B_c = 96."""
+        return self.block_n != 96
+
+    @property
+    def supports_packed(self) -> bool:
+        """Runs packed batches (cu_seqlens): not yet (the mma.sync backward configs do)."""
+        return False
 
     @property
     def name(self) -> str:
@@ -765,13 +794,16 @@ class HopperBackwardConfig:
         return config
 
 
-def _hopper_backward(dtype: str, d: int, longest_first: bool = False) -> HopperBackwardConfig:
-    return HopperBackwardConfig(dtype, d, 64 if d in HOPPER_BACKWARD_WIDE_WIDTHS else 128, 64, longest_first)
+def _hopper_backward(dtype: str, d: int, longest_first: bool = False, block_n: int = 0) -> HopperBackwardConfig:
+    block_n = block_n or (64 if d in HOPPER_BACKWARD_WIDE_WIDTHS else 128)
+    return HopperBackwardConfig(dtype, d, block_n, 64, longest_first)
 
 
-# The plain builds first (the policy's defaults), then the "lpt" ones.
+# The policy's defaults first: B_c = 96 where built (d192: 1.32-1.37x B_c = 64 on an H100, bf16, 4k, causal and
+# not; it has no variants build, so a window, softcap or ALiBi takes B_c = 64), the plain builds, then "lpt".
 HOPPER_BACKWARD_CONFIGS = (
-    tuple(_hopper_backward(dtype, d) for d in (128, 64, 96, 192, 256, 160, 224) for dtype in ("bf16", "fp16"))
+    tuple(_hopper_backward(dtype, d, block_n=96) for d in HOPPER_BACKWARD_BC96_WIDTHS for dtype in ("bf16", "fp16"))
+    + tuple(_hopper_backward(dtype, d) for d in (128, 64, 96, 192, 256, 160, 224) for dtype in ("bf16", "fp16"))
     + tuple(_hopper_backward(dtype, d, True) for d in _HOPPER_BACKWARD_LPT_WIDTHS for dtype in ("bf16", "fp16")))
 
 

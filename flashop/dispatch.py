@@ -50,6 +50,9 @@ class Problem:
     direction: str = "forward"
     # A local window, softcap, ALiBi or sinks (csrc/attention_variants.h): only configs built with them run it.
     variants: bool = False
+    # A packed batch (cu_seqlens): only configs with supports_packed run it. seqlen_q / seqlen_k are then
+    # the longest sequences' and batch_heads counts sequences.
+    packed: bool = False
 
 
 _DTYPE_CODES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -115,11 +118,12 @@ NO_KERNEL_HINT = "CUDA kernels take float16/bfloat16 with headdim 1 to 256"
 
 
 def check_config(config: str | None, device: torch.device, dtype: torch.dtype, headdim: int, direction: str,
-                 deterministic: bool = False, variants: bool = False):
+                 deterministic: bool = False, variants: bool = False, packed: bool = False):
     """The rules for `config=`; the same in eager kernels and fake kernels. With config=None on CUDA,
     some built kernel must take this dtype and headdim. A named wgmma backward config (`sm90.bwd.`)
     cannot be deterministic; a named config built without the attention variants cannot run them
-    (`variants`: meta.variants_requested, read off the arguments as given)."""
+    (`variants`: meta.variants_requested, read off the arguments as given), nor one built without packed
+    batches a packed batch (`packed`: cu_seqlens given)."""
     op = f"flashop.{direction}"
     if config is None:
         if device.type == "cuda":
@@ -148,6 +152,9 @@ def check_config(config: str | None, device: torch.device, dtype: torch.dtype, h
     if variants and not runs_variants(parse_config(config)):
         raise RuntimeError(f"{op}: kernel config '{config}' is built without the attention variants (window, "
                            "softcap, alibi_slopes, learnable_sink); name another config or pass config=None")
+    if packed and not runs_packed(parse_config(config)):
+        raise RuntimeError(f"{op}: kernel config '{config}' does not run packed batches (cu_seqlens); name an "
+                           "mma.sync config or pass config=None")
 
 
 # ---------------------------------------------------------------- the policy
@@ -228,11 +235,12 @@ PERSISTENT_REGISTER_O_FROM = {128: 4096}
 HOPPER_BACKWARD_HEADDIMS = (96, 128, 160, 192, 224, 256)
 
 
-def mma_sync_backward_config(q: torch.Tensor, k: torch.Tensor, causal: bool, variants: bool = False) -> str:
+def mma_sync_backward_config(q: torch.Tensor, k: torch.Tensor, causal: bool, variants: bool = False,
+                             packed: tuple[int, int, int] | None = None) -> str:
     """The policy's backward pick among the mma.sync configs only: deterministic=True needs one (the
     wgmma backward adds dQ with atomics in any order)."""
     device = DeviceInfo.of(q.device.index if q.device.index is not None else torch.cuda.current_device())
-    problem = problem_of(q, k, causal, "backward", variants)
+    problem = problem_of(q, k, causal, "backward", variants, packed)
     built = [n for n in built_configs("backward") if not n.startswith("sm90.bwd.")]
     return choose_config(device, problem, built, tuned_entries(device.name))[0]
 
@@ -310,6 +318,11 @@ def runs_variants(config) -> bool:
     return getattr(config, "supports_variants", True)
 
 
+def runs_packed(config) -> bool:
+    """Whether a config's kernel runs packed batches (cu_seqlens; configs.py supports_packed)."""
+    return getattr(config, "supports_packed", False)
+
+
 def candidates(device: DeviceInfo, problem: Problem, built: list[str]) -> list:
     """Built configs that run this problem on this device: the dtype matches, shared memory fits and,
     in each kernel family, the tile width is the narrowest built one that holds the head dimension
@@ -322,7 +335,8 @@ def candidates(device: DeviceInfo, problem: Problem, built: list[str]) -> list:
             continue
         if (config.dtype == problem.dtype and config.headdim >= kernel_headdim(problem.headdim)
                 and config.smem_bytes() <= device.smem_per_block and runs_on(config, device.capability)
-                and (not problem.variants or runs_variants(config))):
+                and (not problem.variants or runs_variants(config))
+                and (not problem.packed or runs_packed(config))):
             fitting.append(config)
     narrowest = {}
     for config in fitting:
@@ -377,15 +391,23 @@ def _choose(device: DeviceInfo, problem: Problem, pool: list, tuned: dict | None
     return best.name, "heuristic table" + ("" if _shape_of(best) in rank else " (fallback: largest tiles)")
 
 
-def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, direction: str, variants: bool = False) -> Problem:
-    return Problem(dtype_code(q.dtype) or str(q.dtype).removeprefix("torch."), q.size(-1), q.size(1), k.size(1),
-                   q.size(0) * q.size(2), bool(causal), direction, bool(variants))
+def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, direction: str, variants: bool = False,
+               packed: tuple[int, int, int] | None = None) -> Problem:
+    """packed: (sequences, max_seqlen_q, max_seqlen_k) of a packed batch, q (total_q, Hq, D)."""
+    dtype = dtype_code(q.dtype) or str(q.dtype).removeprefix("torch.")
+    if packed is not None:
+        batch, seqlen_q, seqlen_k = packed
+        return Problem(dtype, q.size(-1), seqlen_q, seqlen_k, batch * q.size(1), bool(causal), direction,
+                       bool(variants), True)
+    return Problem(dtype, q.size(-1), q.size(1), k.size(1), q.size(0) * q.size(2), bool(causal), direction,
+                   bool(variants))
 
 
-def config_for(q: torch.Tensor, k: torch.Tensor, causal: bool, direction: str, variants: bool = False) -> str:
+def config_for(q: torch.Tensor, k: torch.Tensor, causal: bool, direction: str, variants: bool = False,
+               packed: tuple[int, int, int] | None = None) -> str:
     """The run-time entry point used inside the CUDA kernel registration."""
     device = DeviceInfo.of(q.device.index if q.device.index is not None else torch.cuda.current_device())
-    return _choose_cached(device, problem_of(q, k, causal, direction, variants))
+    return _choose_cached(device, problem_of(q, k, causal, direction, variants, packed))
 
 
 @functools.lru_cache(maxsize=4096)

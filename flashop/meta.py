@@ -171,7 +171,7 @@ def forward_fake(q, k, v, softmax_scale=None, causal=False, config=None, determi
     check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink)
     check_softmax_scale(softmax_scale)
     dispatch.check_config(config, q.device, q.dtype, headdim, "forward", variants=variants_requested(
-        causal, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink))
+        causal, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink), packed=packed)
     out = q.new_empty(q.shape)
     lse_shape = (heads_q, seqlen_q) if packed else (batch, heads_q, seqlen_q)  # packed: (nheads, total_q)
     softmax_lse = q.new_empty(lse_shape, dtype=torch.float32)
@@ -183,7 +183,8 @@ def backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=Fa
                   deterministic=False, window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None,
                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None,
                   seqused_k=None):
-    if is_packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k):
+    packed = is_packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
+    if packed:
         dims = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
         check_backward_inputs(dout, q, out, softmax_lse, dims, packed=True)
     else:
@@ -192,5 +193,5 @@ def backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=Fa
     check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes)
     check_softmax_scale(softmax_scale)
     dispatch.check_config(config, q.device, q.dtype, dims[5], "backward", deterministic, variants=variants_requested(
-        causal, window_size_left, window_size_right, softcap, alibi_slopes))
+        causal, window_size_left, window_size_right, softcap, alibi_slopes), packed=packed)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -62,16 +62,24 @@ torch.library.register_autograd("flashop::forward", _backward, setup_context=_se
 
 if _C.WITH_CUDA:
 
-    def _cuda_variants(q, k, causal, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink=None):
+    def _cuda_variants(dims, causal, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink=None):
         """(causal, the kernels' variant arguments, whether any is on): the window normalised as the CPU
-        kernels' checks do (csrc/checks.cpp), so causal is exactly the (-1, 0) window."""
-        causal, left, right = meta.normalize_window(causal, window_size_left, window_size_right, q.size(1), k.size(1))
+        kernels' checks do (csrc/checks.cpp), so causal is exactly the (-1, 0) window. dims: the checks'
+        (packed batches: the token counts, which bound every sequence)."""
+        causal, left, right = meta.normalize_window(causal, window_size_left, window_size_right, dims[1], dims[2])
         on = left >= 0 or right > 0 or softcap > 0 or alibi_slopes is not None or learnable_sink is not None
         return causal, (left, right, float(softcap), alibi_slopes), on
 
-    def _reject_packed(op, *varlen):
-        if meta.is_packed(*varlen):
-            raise NotImplementedError(f"{op} (CUDA): packed batches (cu_seqlens) run on the CPU backend only so far")
+    def _packed_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k):
+        """(dims, the policy's packed shape or None, the native ops' packed arguments): the checks of
+        flashop/meta.py for a dense or a packed batch."""
+        if not meta.is_packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k):
+            return meta.check_forward_inputs(q, k, v), None, ()
+        dims = meta.check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+        # The policy's shape: the longest sequences (the token counts when not given).
+        shape = (dims[0], dims[1] if max_seqlen_q is None else int(max_seqlen_q),
+                 dims[2] if max_seqlen_k is None else int(max_seqlen_k))
+        return dims, shape, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
 
     @torch.library.register_kernel("flashop::forward", "cuda")
     def _forward_cuda(q, k, v, softmax_scale=None, causal=False, config=None, deterministic=False,
@@ -81,22 +89,28 @@ if _C.WITH_CUDA:
         # The argument rules first, in Python (flashop/meta.py: the rules and messages of
         # csrc/checks.cpp): the policy below reads shapes, and the Hopper module must not build
         # error messages with numbers (csrc/cuda/sm90/bindings_sm90.cpp says why).
-        _reject_packed("flashop.forward", cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
-        dims = meta.check_forward_inputs(q, k, v)
+        dims, packed, packed_args = _packed_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                   seqused_q, seqused_k)
         meta.check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink)
         requested = meta.variants_requested(causal, window_size_left, window_size_right, softcap, alibi_slopes,
                                             learnable_sink)
-        causal, variants, variants_on = _cuda_variants(q, k, causal, window_size_left, window_size_right, softcap,
+        causal, variants, variants_on = _cuda_variants(dims, causal, window_size_left, window_size_right, softcap,
                                                        alibi_slopes, learnable_sink)
         meta.check_softmax_scale(softmax_scale)
-        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "forward", variants=requested)
+        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "forward", variants=requested,
+                              packed=packed is not None)
         if config is None:
-            config = dispatch.config_for(q, k, causal, "forward", variants_on)
+            config = dispatch.config_for(q, k, causal, "forward", variants_on, packed)
         scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
         headdim = q.size(-1)
         q, k, v = _pad_headdim(q, k, v)
         native = dispatch.hopper_module() if config.startswith("sm90.") else _C
-        out, softmax_lse = native.forward(q, k, v, scale, causal, config, *variants, learnable_sink)
+        if packed is not None and native is not _C:
+            # The Hopper module leaves a packed batch's value checks to _C's (eager; the kernels clamp anyway)
+            # and takes the longest sequences as given.
+            cu_q, cu_k, _, _, used_q, used_k = packed_args
+            packed_args = (cu_q, cu_k, *_C.check_packed(q, k, v, *packed_args), used_q, used_k)
+        out, softmax_lse = native.forward(q, k, v, scale, causal, config, *variants, learnable_sink, *packed_args)
         return _unpad_headdim(headdim, out)[0], softmax_lse
 
     @torch.library.register_kernel("flashop::backward", "cuda")
@@ -104,25 +118,26 @@ if _C.WITH_CUDA:
                        deterministic=False, window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None,
                        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None,
                        seqused_k=None):
-        _reject_packed("flashop.backward", cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
-                       seqused_k)
-        dims = meta.check_forward_inputs(q, k, v)
-        meta.check_backward_inputs(dout, q, out, softmax_lse, dims)
+        dims, packed, packed_args = _packed_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                   seqused_q, seqused_k)
+        meta.check_backward_inputs(dout, q, out, softmax_lse, dims, packed=packed is not None)
         meta.check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes)
         requested = meta.variants_requested(causal, window_size_left, window_size_right, softcap, alibi_slopes)
-        causal, variants, variants_on = _cuda_variants(q, k, causal, window_size_left, window_size_right, softcap,
+        causal, variants, variants_on = _cuda_variants(dims, causal, window_size_left, window_size_right, softcap,
                                                        alibi_slopes)
         meta.check_softmax_scale(softmax_scale)
-        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "backward", deterministic, variants=requested)
+        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "backward", deterministic, variants=requested,
+                              packed=packed is not None)
         if config is None:
-            config = dispatch.config_for(q, k, causal, "backward", variants_on)
+            config = dispatch.config_for(q, k, causal, "backward", variants_on, packed)
             if deterministic and config.startswith("sm90.bwd."):  # no ordered mode: the mma.sync pick
-                config = dispatch.mma_sync_backward_config(q, k, causal, variants_on)
+                config = dispatch.mma_sync_backward_config(q, k, causal, variants_on, packed)
         scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
         headdim = q.size(-1)
         dout, q, k, v, out = _pad_headdim(dout, q, k, v, out)
         native = dispatch.hopper_module() if config.startswith("sm90.bwd.") else _C
-        grads = native.backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, config, *variants)
+        grads = native.backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, config, *variants,
+                                *packed_args)
         return _unpad_headdim(headdim, *grads)
 
     def _pad_headdim(*tensors):

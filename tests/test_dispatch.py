@@ -265,13 +265,18 @@ def test_backward_lpt_builds_are_causal_tuner_candidates_not_defaults():
     h100 = DEVICES["H100"]
     for width in (128, 160, 192, 224, 256):
         for dtype in ("bf16", "fp16"):
-            plain = next(c.name for c in HOPPER_BACKWARD_CONFIGS
-                         if c.dtype == dtype and c.headdim == width and not c.longest_first)
+            default = next(c.name for c in HOPPER_BACKWARD_CONFIGS
+                           if c.dtype == dtype and c.headdim == width and not c.longest_first)
+            plain = next(c.name for c in HOPPER_BACKWARD_CONFIGS  # the B_c that has an lpt build
+                         if c.dtype == dtype and c.headdim == width and not c.longest_first and c.block_n != 96)
             for causal in (True, False):
                 problem = dispatch.Problem(dtype, width, 4096, 4096, 16, causal, "backward")
                 names = [c.name for c in dispatch.candidates(h100, problem, ALL_BUILT_BACKWARD)]
-                assert (plain + ".lpt" in names) == causal and plain in names
-                assert dispatch.choose_config(h100, problem, ALL_BUILT_BACKWARD)[0] == plain
+                assert (plain + ".lpt" in names) == causal and plain in names and default in names
+                assert dispatch.choose_config(h100, problem, ALL_BUILT_BACKWARD)[0] == default
+                # A window takes a build with the variants (B_c = 96 at d192 has none).
+                windowed = dataclasses.replace(problem, variants=True)
+                assert dispatch.choose_config(h100, windowed, ALL_BUILT_BACKWARD)[0] == plain
 
 
 def test_policy_report_lists_every_family_and_both_picks():

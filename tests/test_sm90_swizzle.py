@@ -548,6 +548,154 @@ def test_wide_dq_operands(width):
                     assert wgmma_mn_major(db, n, kk) == tile_byte(t, s_k, WIDE_N, key, t["half"] * c + n)
 
 
+# B_c = 96 at D = 192 (Sm90BwdWideTraits<kBf16, 192, 96>, bwd_kernel_sm90_wide_keys): the consumers split the
+# keys (48 each); P and dS are [query][key] blocks of 16 keys (32-byte rows, 32B swizzle); dV^T, dK^T take D
+# as M (A = dO, Q MN-major), dQ as in the 64-key kernel over 96 keys.
+KEYS_N, KEYS_NK, KEYS_S_BLOCK = 96, 48, BWD_M * 16 * 2
+
+
+def keys_traits():
+    t = wide_traits(192)
+    t["kv_block"] = KEYS_N * t["row_bytes"]
+    t["p_block"] = BWD_M * KEYS_N * 2
+    t["kv_tile"] = t["blocks"] * t["kv_block"]
+    t["v"] = t["k"] + t["kv_tile"]
+    t["q"] = t["v"] + t["kv_tile"]
+    t["do"] = t["q"] + 2 * t["q_tile"]
+    t["p"] = t["do"] + 2 * t["q_tile"]
+    t["ds"] = t["p"] + 2 * t["p_block"]
+    t["lse"] = t["ds"] + 2 * t["p_block"]
+    t["bar"] = t["lse"] + 4 * BWD_M * 4
+    t["smem"] = t["bar"] + 8 * 5 + 1024
+    return t
+
+
+def keys_score_byte(s_buf, q, key):
+    """Element (query q, key) of a P or dS buffer: 16-key blocks of 32-byte rows in the 32B swizzle."""
+    return tma_byte(s_buf + (key // 16) * KEYS_S_BLOCK, 32, q, key % 16)
+
+
+def keys_store(s_buf, c, warp, lane, j):
+    """store: the row address lane gives the stmatrix.x4 (not transposed) of 16-key block j of consumer c."""
+    mi, r = lane // 8, lane % 8
+    q = 16 * warp + 8 * (mi % 2) + r
+    return s_buf + c * 3 * KEYS_S_BLOCK + j * KEYS_S_BLOCK + q * 32 + (((mi // 2) ^ ((q >> 2) & 1)) << 4)
+
+
+def test_keys_layout():
+    t = keys_traits()
+    for off in ("v", "q", "do"):
+        assert t[off] % t["atom"] == 0
+    assert t["kv_block"] % t["atom"] == 0 and t["p"] % 1024 == 0 and t["ds"] % 1024 == 0
+    cfg = _configs().HopperBackwardConfig("bf16", 192, block_n=96)
+    assert cfg.wide and not cfg.supports_variants and t["smem"] == cfg.smem_bytes() <= 227 * 1024
+    names = [c.name for c in _configs().HOPPER_BACKWARD_CONFIGS]
+    for dtype in ("bf16", "fp16"):
+        assert names.index(f"sm90.bwd.{dtype}.d192.br64.bc96") < names.index(f"sm90.bwd.{dtype}.d192.br64.bc64")
+
+
+def test_keys_s_dp_operands():
+    """S = Q K_c^T, dP = dO V_c^T: A element (query i, column) of Q (dO), B element (key 48c + n, column) of K (V)."""
+    t = keys_traits()
+    s_q = WIDE_BASE + t["q"] + t["q_tile"]  # stage 1
+    steps = t["col_block"] // 16
+    for s_b in (WIDE_BASE + t["k"], WIDE_BASE + t["v"]):
+        for c in (0, 1):
+            for k in range(192 // 16):
+                koff = (k % steps) * 32
+                da = bwd_tile_desc(t["row_bytes"], s_q + (k // steps) * t["q_block"] + koff, 16)
+                db = bwd_tile_desc(t["row_bytes"], s_b + (k // steps) * t["kv_block"] + KEYS_NK * c * t["row_bytes"]
+                                   + koff, 16)
+                for kk in range(16):
+                    col = 16 * k + kk
+                    if c == 0 and s_b == WIDE_BASE + t["k"]:
+                        for i in range(BWD_M):
+                            assert wgmma_k_major(da, i, kk) == tile_byte(t, s_q, BWD_M, i, col)
+                    for n in range(KEYS_NK):
+                        assert wgmma_k_major(db, n, kk) == tile_byte(t, s_b, KEYS_N, KEYS_NK * c + n, col)
+
+
+def test_keys_score_stmatrix():
+    """stmatrix.x4 of P / dS fragments: row r of matrix mi (16-key block j of consumer c) is query
+    16 warp + 8 (mi % 2) + r, keys 48c + 16j + 8 (mi / 2) .. + 7, 16 contiguous bytes where keys_score_byte
+    puts them; together the whole buffer, once."""
+    s = WIDE_BASE + 8192
+    seen = set()
+    for c in (0, 1):
+        for warp in range(4):
+            for j in range(3):
+                for lane in range(32):
+                    mi, r = lane // 8, lane % 8
+                    q, key0 = 16 * warp + 8 * (mi % 2) + r, KEYS_NK * c + 16 * j + 8 * (mi // 2)
+                    a = keys_store(s, c, warp, lane, j)
+                    for e in range(8):
+                        assert a + 2 * e == keys_score_byte(s, q, key0 + e)
+                    assert a not in seen
+                    seen.add(a)
+    assert len(seen) == BWD_M * KEYS_N * 2 // 16
+
+
+def test_keys_dv_dk_operands():
+    """dV^T[64r .., keys of c] += dO^T P_c: A element (column 64r + m, query 16j + kk) of the dO stage (MN-major),
+    B element (key 48c + n, query 16j + kk) of the P buffer (MN-major)."""
+    t = keys_traits()
+    s_p, s_do = WIDE_BASE + t["p"] + t["p_block"], WIDE_BASE + t["do"] + t["q_tile"]
+    for c in (0, 1):
+        for r in range(3):
+            for j in range(BWD_M // 16):
+                da = bwd_tile_desc(t["row_bytes"], s_do + 2 * r * t["q_block"] + j * 2 * t["atom"], t["q_block"])
+                db = make_desc_sw32(s_p + c * 3 * KEYS_S_BLOCK + j * 512, KEYS_S_BLOCK, 256)
+                for kk in range(16):
+                    q = 16 * j + kk
+                    for m in range(64):
+                        assert wgmma_mn_major(da, m, kk) == tile_byte(t, s_do, BWD_M, q, 64 * r + m)
+                    for n in range(KEYS_NK):
+                        assert wgmma_mn_major(db, n, kk) == keys_score_byte(s_p, q, KEYS_NK * c + n)
+
+
+def test_keys_dq_operands():
+    """dQ[:, half c] = dS K[:, half c]: A element (query i, key 16k + kk) of the dS buffer (K-major), B element
+    (column 96c + n, key) of K (MN-major)."""
+    t = keys_traits()
+    s_ds, s_k = WIDE_BASE + t["ds"] + t["p_block"], WIDE_BASE + t["k"]
+    for c in (0, 1):
+        for k in range(KEYS_N // 16):
+            da = make_desc_sw32(s_ds + k * KEYS_S_BLOCK, 16, 256)
+            db = bwd_tile_desc(t["row_bytes"], s_k + c * t["half_blocks"] * t["kv_block"] + k * 16 * t["row_bytes"],
+                               t["kv_block"])
+            for kk in range(16):
+                key = 16 * k + kk
+                for i in range(BWD_M):
+                    assert wgmma_k_major(da, i, kk) == keys_score_byte(s_ds, i, key)
+                for n in range(t["half"]):
+                    assert wgmma_mn_major(db, n, kk) == tile_byte(t, s_k, KEYS_N, key, t["half"] * c + n)
+
+
+def test_keys_epilogue_stmatrix():
+    """write_out: stmatrix.x4.trans of the dK^T / dV^T accumulators (rows: columns of D, n8 blocks of keys) into
+    [key][column] rows of 2D + 16 bytes: row lane % 8 of matrix mi (m64 tile r, 16-key step j) is key
+    16j + 8 (mi / 2) + lane % 8, columns 64r + 16 warp + 8 (mi % 2) .. +7 (the fragment's rows g of n8 block
+    2j + mi / 2, row half mi % 2); a consumer's 48 x 192 elements once each, an stmatrix's eight rows of a
+    matrix in distinct 16-byte bank groups."""
+    row = 2 * 192 + 16
+    seen = set()
+    for warp in range(4):
+        for r in range(3):
+            for j in range(3):
+                for lane in range(32):
+                    mi = lane // 8
+                    key, col = 16 * j + 8 * (mi // 2) + lane % 8, 64 * r + 16 * warp + 8 * (mi % 2)
+                    for e in range(8):
+                        assert (key, col + e) not in seen
+                        seen.add((key, col + e))
+                for mi in range(4):
+                    groups = {((16 * j + 8 * (mi // 2) + x) * row + (64 * r + 16 * warp + 8 * (mi % 2)) * 2) // 16 % 8
+                              for x in range(8)}
+                    assert len(groups) == 8
+    assert seen == {(k, c) for k in range(48) for c in range(192)}
+    assert 48 * row <= BWD_M * 192 * 2  # one Q (dO) stage
+
+
 # ---------------------------------------------------------------- the backward's longest-first order (".lpt")
 #
 # csrc/cuda/sm90/bwd_lpt.h: bwd_lpt_block maps the dispatch index of a causal problem's CTA to its (key tile,

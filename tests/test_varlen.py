@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import flashop
-from conftest import DEVICES
+from conftest import CUDA, DEVICES, assert_cuda_refuses
+from flashop import dispatch
 from reference import (assert_close_to_reference, assert_grad_close_to_reference, attention_reference,
                        sink_grad_from_output)
 from test_forward import DTYPES
@@ -63,9 +64,8 @@ def test_varlen_matches_per_sequence_reference(device, dtype, case):
         return flashop.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_attn_probs=True,
                                               learnable_sink=sinks, seqused_q=used_q, seqused_k=used_k, **args)
 
-    if device == "cuda":  # the CUDA kernels take no packed batches yet: a clear refusal, not a wrong answer
-        with pytest.raises(NotImplementedError, match="packed batches \\(cu_seqlens\\) run on the CPU backend only"):
-            ours(q, k, v, sinks)
+    if device == "cuda" and dtype == torch.float32:
+        assert_cuda_refuses(lambda: ours(q, k, v, sinks))
         return
 
     def reference(q, k, v, sinks, upcast):
@@ -195,3 +195,170 @@ def test_modules_take_cu_seqlens():
         for b, n in enumerate(lengths):
             start = int(cu[b])
             torch.testing.assert_close(packed[start:start + n], mha(x[None, start:start + n])[0], atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- CUDA (mma.sync kernels)
+
+needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
+
+
+def check_packed(lens_q, lens_k, hq, hk, d, dtype, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
+                 sink=False, seqused=False, deterministic=False, config=None, bwd_config=None, grads=True):
+    """A packed batch on CUDA against the float64 reference sequence by sequence: out, lse and (grads) dq,
+    dk, dv (and dsink). Returns the gradients."""
+    device = "cuda"
+    q, k, v, cu_q, cu_k = packed_inputs(lens_q, lens_k, hq, hk, d, dtype, device)
+    batch = len(lens_q)
+    slopes = {None: None, "head": torch.rand(hq, device=device),
+              "batch": torch.rand(batch, hq, device=device)}[alibi]
+    sinks = torch.randn(hq, device=device) if sink else None
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    used_q = (torch.tensor([int(torch.randint(0, n + 1, (), generator=gen)) for n in lens_q], dtype=torch.int32)
+              if seqused else torch.tensor(lens_q, dtype=torch.int32))
+    used_k = (torch.tensor([int(torch.randint(0, n + 1, (), generator=gen)) for n in lens_k], dtype=torch.int32)
+              if seqused else torch.tensor(lens_k, dtype=torch.int32))
+    args = dict(causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes)
+    leaves = [t.requires_grad_() for t in (q, k, v)] + ([sinks.requires_grad_()] if sink else [])
+
+    out, lse = torch.ops.flashop.forward(
+        q, k, v, None, causal, config, deterministic, *window, softcap, slopes, sinks, cu_q, cu_k, max(lens_q),
+        max(lens_k), used_q.to(device) if seqused else None, used_k.to(device) if seqused else None)
+    assert out.shape == q.shape and lse.shape == (hq, q.size(0))
+    ref_out, ref_lse = per_sequence_reference(q, k, v, cu_q, cu_k, used_q, used_k, True, learnable_sink=sinks,
+                                              **dict(args))
+    lowp_out, _ = per_sequence_reference(q, k, v, cu_q, cu_k, used_q, used_k, False, learnable_sink=sinks,
+                                         **dict(args))
+    assert_close_to_reference(out, ref_out, lowp_out, "out")
+    empty = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), empty)
+    torch.testing.assert_close(lse[~empty], ref_lse[~empty].float(), atol=1e-3, rtol=1e-3)
+    if not grads:
+        return None
+    dout = torch.randn_like(out)
+    dq, dk, dv = torch.ops.flashop.backward(
+        dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, None, causal, bwd_config, deterministic,
+        *window, softcap, slopes, cu_q, cu_k, max(lens_q), max(lens_k), used_q.to(device) if seqused else None,
+        used_k.to(device) if seqused else None)
+    ref_grads = torch.autograd.grad(ref_out, leaves[:3], dout.double(), retain_graph=True)
+    lowp_grads = torch.autograd.grad(lowp_out, leaves[:3], dout)
+    for name, g, r, lp in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_grads, lowp_grads):
+        assert_grad_close_to_reference(g, r, lp, name)
+    if sink:  # through autograd: the op's sink gradient
+        out2 = flashop.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), learnable_sink=sinks,
+                                              seqused_q=used_q.to(device) if seqused else None,
+                                              seqused_k=used_k.to(device) if seqused else None,
+                                              deterministic=deterministic, **args)
+        dsink = torch.autograd.grad(out2, sinks, dout)[0]
+        torch.testing.assert_close(dsink.double(), sink_grad_from_output(dout, out2, ref_lse, sinks),
+                                   rtol=1e-3, atol=1e-4)
+    return dq, dk, dv
+
+
+def mixed_lengths(batch, zero=True):
+    """Lengths 1..300, one of them 0 (zero=True)."""
+    lens = torch.randint(1, 301, (batch,)).tolist()
+    if zero:
+        lens[int(torch.randint(0, batch, ()))] = 0
+    return lens
+
+
+CUDA_VARIANTS = {  # name: check_packed keyword arguments
+    "dense": dict(),
+    "causal": dict(causal=True),
+    "window": dict(window=(40, 7)),
+    "causal_left": dict(causal=True, window=(33, 0)),
+    "softcap": dict(softcap=20.0),
+    "alibi_batch": dict(alibi="batch", causal=True),
+    "alibi_head": dict(alibi="head"),
+    "sink": dict(sink=True, causal=True),
+    "seqused": dict(seqused=True),
+    "seqused_causal_sink": dict(seqused=True, causal=True, sink=True),
+}
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("headdim", [59, 64, 128, 256])
+@pytest.mark.parametrize("variant", list(CUDA_VARIANTS))
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+def test_varlen_cuda_matches_reference(dtype, headdim, variant, gqa):
+    lens_q = mixed_lengths(5)
+    lens_k = [n if i % 2 else int(torch.randint(1, 301, ())) for i, n in enumerate(lens_q)]
+    hq, hk = (6, 2) if gqa else (3, 3)
+    check_packed(lens_q, lens_k, hq, hk, headdim, dtype, **CUDA_VARIANTS[variant])
+
+
+@needs_cuda
+@pytest.mark.parametrize("variant", ["dense", "causal", "window", "seqused_causal_sink"])
+def test_varlen_cuda_deterministic_is_bit_identical(variant):
+    lens = mixed_lengths(4)
+    torch.manual_seed(int(torch.randint(0, 2**31, ())))
+    state = torch.cuda.get_rng_state(), torch.get_rng_state()
+    first = check_packed(lens, lens, 4, 2, 128, torch.bfloat16, deterministic=True, **CUDA_VARIANTS[variant])
+    torch.cuda.set_rng_state(state[0])
+    torch.set_rng_state(state[1])
+    second = check_packed(lens, lens, 4, 2, 128, torch.bfloat16, deterministic=True, **CUDA_VARIANTS[variant])
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@needs_cuda
+def test_varlen_cuda_edge_lengths():
+    """Every sequence empty in q or k, single tokens, lengths at tile edges, one query with many keys."""
+    for lens_q, lens_k in (([0, 0], [5, 0]), ([1, 1, 1], [1, 300, 0]), ([64, 128, 129, 127], [64, 128, 129, 127]),
+                           ([1], [300]), ([300], [1])):
+        for causal in (False, True):
+            check_packed(lens_q, lens_k, 2, 1, 64, torch.float16, causal=causal)
+
+
+def _built_mma_sync(direction):
+    return [n for n in dispatch.built_configs(direction) if not n.startswith("sm90.")]
+
+
+@needs_cuda
+@pytest.mark.parametrize("config", _built_mma_sync("forward") if CUDA else [])
+def test_varlen_cuda_every_mma_sync_forward_config(config):
+    dtype_code, width = dispatch.dtype_and_headdim(config)
+    dtype = torch.float16 if dtype_code == "fp16" else torch.bfloat16
+    lens = mixed_lengths(3)
+    for kwargs in (dict(causal=True, seqused=True), dict(window=(20, 3), sink=True)):
+        check_packed(lens, lens[::-1], 2, 1, width - 8 if width > 32 else width, dtype, config=config, grads=False,
+                     **kwargs)
+
+
+@needs_cuda
+@pytest.mark.parametrize("config", _built_mma_sync("backward") if CUDA else [])
+def test_varlen_cuda_every_mma_sync_backward_config(config):
+    dtype_code, width = dispatch.dtype_and_headdim(config)
+    dtype = torch.float16 if dtype_code == "fp16" else torch.bfloat16
+    lens = mixed_lengths(3)
+    for deterministic in (False, True):
+        check_packed(lens, lens[::-1], 2, 1, width, dtype, causal=True, seqused=True, bwd_config=config,
+                     deterministic=deterministic)
+
+
+# ---------------------------------------------------------------- dispatch
+
+def test_packed_problems_go_to_configs_that_run_them(monkeypatch):
+    """A packed batch rules out the kernels without packed batches (supports_packed: the Hopper ones for now)
+    in the policy's pick, and a named one is refused with its name (eager and fake kernels share
+    check_config)."""
+    from test_dispatch import ALL_BUILT, ALL_BUILT_BACKWARD, DEVICES as PARTS
+    for direction, built in (("forward", ALL_BUILT), ("backward", ALL_BUILT_BACKWARD)):
+        for seqlen in (128, 4096):
+            for causal in (False, True):
+                problem = dispatch.Problem("bf16", 128, seqlen, seqlen, 64, causal, direction, packed=True)
+                name, _ = dispatch.choose_config(PARTS["H100"], problem, built)
+                assert dispatch.runs_packed(dispatch.parse_config(name)), name
+        refusing = [n for n in built if not dispatch.runs_packed(dispatch.parse_config(n))
+                    and dispatch.dtype_and_headdim(n) == ("bf16", 128)]
+        runs = [n for n in built if dispatch.runs_packed(dispatch.parse_config(n))
+                and dispatch.dtype_and_headdim(n) == ("bf16", 128)]
+        assert runs
+        monkeypatch.setattr(dispatch, "_built", lambda _direction, built=built: built)
+        for name in refusing:
+            with pytest.raises(RuntimeError, match=f"'{name}' does not run packed batches"):
+                dispatch.check_config(name, torch.device("cuda"), torch.bfloat16, 128, direction, packed=True)
+            dispatch.check_config(name, torch.device("cuda"), torch.bfloat16, 128, direction)  # dense: fine
+        for name in runs:
+            dispatch.check_config(name, torch.device("cuda"), torch.bfloat16, 128, direction, packed=True)

@@ -27,6 +27,26 @@ NARROWER_SHAPES = SHAPES[1:3] + SHAPES[4:5]  # tails, GQA, rows with no keys, a 
 # windows that leave rows without keys, both bounds, and everything at once.
 VARIANTS = [(0, 0, 0.0, False, False), (17, -1, 0.0, False, True), (-1, 5, 20.0, True, False), (9, 3, 30.0, True, True)]
 VARIANT_SHAPES = SHAPES[1:4]
+# Packed batches (cu_seqlens), on configs that run them (dispatch.runs_packed): (lens_q, lens_k, heads_q, heads_k,
+# seqused): an empty sequence, single tokens, tile tails, Sq != Sk per sequence, seqused cutting tiles.
+PACKED = [([37, 0, 90, 1], [37, 5, 90, 64], 4, 2, False), ([70, 129, 3], [200, 40, 3], 2, 2, True),
+          ([1, 300], [300, 1], 2, 1, True)]
+
+
+def packed_case(lens_q, lens_k, hq, hk, seqused, width, dtype):
+    """Tensors on CUDA and the keyword arguments of flashop.forward for a packed batch."""
+    def cu(lens):
+        return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(lens_q), hq, width, device="cuda", dtype=dtype)
+    k, v = (torch.randn(sum(lens_k), hk, width, device="cuda", dtype=dtype) for _ in range(2))
+    used = dict(seqused_q=torch.tensor([n // 2 for n in lens_q], dtype=torch.int32, device="cuda"),
+                seqused_k=torch.tensor([n - n // 3 for n in lens_k], dtype=torch.int32, device="cuda")) if seqused else {}
+    return q, k, v, dict(cu_seqlens_q=cu(lens_q), cu_seqlens_k=cu(lens_k), max_seqlen_q=max(lens_q),
+                         max_seqlen_k=max(lens_k), **used)
+
+
+def on_cpu(kwargs):
+    return {key: val.cpu() if isinstance(val, torch.Tensor) else val for key, val in kwargs.items()}
 
 
 def variant_args(variant, batch, heads):
@@ -77,6 +97,22 @@ def main(patterns):
                 if not err < 2e-2:
                     failures += 1
                     print(f"FAIL {name} {variant} {(b, sq, sk, hq, hk)}: max error {err:.3e}")
+    # Packed batches: forward configs that run them, causal or not, with and without seqused.
+    for name in names:
+        if not flashop.dispatch.runs_packed(flashop.dispatch.parse_config(name)):
+            continue
+        dtype_code, width = flashop.dispatch.dtype_and_headdim(name)
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_code]
+        for case in PACKED:
+            for causal in (False, True):
+                q, k, v, packed = packed_case(*case, width, dtype)
+                out, _ = torch.ops.flashop.forward(q, k, v, None, causal, name, **packed)
+                ref = torch.ops.flashop.forward(q.cpu().float(), k.cpu().float(), v.cpu().float(), None, causal,
+                                                **on_cpu(packed))[0]
+                err = (out.cpu().float() - ref).abs().max().item()
+                if not err < 2e-2:
+                    failures += 1
+                    print(f"FAIL {name} packed {case} causal={causal}: max error {err:.3e}")
     # Backward: each matching backward config (names bwd.<dtype>.d<D>...), gradients against the CPU kernels.
     bwd_names = [n for n in flashop.dispatch.built_configs("backward")
                  if any(fnmatch.fnmatch(n.removeprefix("bwd."), p) for p in patterns)]
@@ -117,6 +153,25 @@ def main(patterns):
                 if not err < 5e-2:
                     failures += 1
                     print(f"FAIL {name} {variant} {(b, sq, sk, hq, hk)}: max grad error {err:.3e}")
+    # Packed batches: backward configs that run them, deterministic when the config has the mode.
+    for name in bwd_names:
+        if not flashop.dispatch.runs_packed(flashop.dispatch.parse_config(name)):
+            continue
+        dtype_code, width = flashop.dispatch.dtype_and_headdim(name)
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_code]
+        for case in PACKED:
+            for causal, deterministic in ((False, False), (True, not name.startswith("sm90.bwd."))):
+                q, k, v, packed = packed_case(*case, width, dtype)
+                out, lse = torch.ops.flashop.forward(q, k, v, None, causal, **packed)
+                dout = torch.randn_like(out)
+                grads = torch.ops.flashop.backward(dout, q, k, v, out, lse, None, causal, name, deterministic,
+                                                   **packed)
+                cpu = [t.cpu().float() for t in (dout, q, k, v, out)]
+                ref = torch.ops.flashop.backward(*cpu, lse.cpu(), None, causal, **on_cpu(packed))
+                err = max((g.cpu().float() - r).abs().max().item() for g, r in zip(grads, ref))
+                if not err < 5e-2:
+                    failures += 1
+                    print(f"FAIL {name} packed {case} causal={causal}: max grad error {err:.3e}")
     torch.cuda.synchronize()
     print(f"sanitize cases done: {len(names)} forward and {len(bwd_names)} backward configs, {failures} failures")
     sys.exit(1 if failures else 0)

@@ -34,9 +34,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, 
                                                         double softmax_scale, bool causal, bool deterministic,
                                                         const std::string& config, int64_t window_left,
                                                         int64_t window_right, double softcap,
-                                                        const std::optional<at::Tensor>& alibi_slopes) {
-  const AttentionDims dims = check_forward_inputs(q, k, v);
-  check_backward_inputs(dout, q, out, softmax_lse, dims);
+                                                        const std::optional<at::Tensor>& alibi_slopes,
+                                                        const std::optional<at::Tensor>& cu_seqlens_q,
+                                                        const std::optional<at::Tensor>& cu_seqlens_k,
+                                                        std::optional<int64_t> max_seqlen_q,
+                                                        std::optional<int64_t> max_seqlen_k,
+                                                        const std::optional<at::Tensor>& seqused_q,
+                                                        const std::optional<at::Tensor>& seqused_k) {
+  TORCH_CHECK(cu_seqlens_q.has_value() == cu_seqlens_k.has_value(),
+              "flashop: cu_seqlens_q and cu_seqlens_k must be given together");
+  PackedBatch packed;
+  const bool is_packed = cu_seqlens_q.has_value();
+  const AttentionDims dims = is_packed ? check_packed_inputs(q, k, v, *cu_seqlens_q, *cu_seqlens_k, max_seqlen_q,
+                                                             max_seqlen_k, seqused_q, seqused_k, packed)
+                                       : check_forward_inputs(q, k, v);
+  check_backward_inputs(dout, q, out, softmax_lse, dims, is_packed);
   const DType dt = check_cuda_inputs(q, softmax_scale, kOp, "CUDA");
   // Sinks need nothing here: softmax_lse carries them.
   const AttentionVariants variants =
@@ -50,7 +62,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, 
   check_kernel_fits(kOp, config, kernel.desc.dtype, kernel.desc.headdim, kernel.smem_bytes, 80, dt, dims.headdim,
                     dev, q.device());
   return run_backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dims, dev,
-                      kernel.desc.block_m, kernel.desc.headdim, kernel.launch, kernel.name, variants);
+                      kernel.desc.block_m, kernel.desc.headdim, kernel.launch, kernel.name, variants,
+                      is_packed ? &packed : nullptr);
 }
 
 std::vector<std::string> built_backward_configs() { return kernel_names(bwd_kernels(), num_bwd_kernels()); }
@@ -66,11 +79,13 @@ void bind_backward(pybind11::module_& m) {
   m.def("backward", &backward, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
         py::arg("softmax_lse"), py::arg("softmax_scale"), py::arg("causal"), py::arg("deterministic"),
         py::arg("config"), py::arg("window_left") = -1, py::arg("window_right") = -1, py::arg("softcap") = 0.0,
-        py::arg("alibi_slopes") = py::none(),
+        py::arg("alibi_slopes") = py::none(), py::arg("cu_seqlens_q") = py::none(),
+        py::arg("cu_seqlens_k") = py::none(), py::arg("max_seqlen_q") = py::none(),
+        py::arg("max_seqlen_k") = py::none(), py::arg("seqused_q") = py::none(), py::arg("seqused_k") = py::none(),
         "FlashAttention backward on CUDA (mma.sync kernels). dout/q/out (B, Sq, Hq, D), k/v (B, Sk, Hk, D), "
         "softmax_lse (B, Hq, Sq) float32 (natural log), fp16/bf16. deterministic: bit-identical dq run to run "
         "(key tiles add to dq in a fixed order). config: a name from built_backward_configs(). "
-        "window_left/window_right, softcap, alibi_slopes: as forward's. Returns (dq, dk, dv), contiguous, in q's "
+        "window_left/window_right, softcap, alibi_slopes, packed batches: as forward's. Returns (dq, dk, dv), contiguous, in q's "
         "dtype.");
   m.def("built_backward_configs", &built_backward_configs,
         "Names of the backward kernel configs compiled into this module, in registry order.");

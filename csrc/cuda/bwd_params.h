@@ -18,6 +18,18 @@ constexpr int kBwdSeqQPad = 128;
 
 inline constexpr int bwd_round_up(int x, int m) { return (x + m - 1) / m * m; }
 
+// Packed batches (p.packed): the workspaces dq_accum, dsum, lse_log2 hold, per query head,
+// bwd_packed_ws_rows rows; sequence b's query rows start at row bwd_packed_ws_row0 of its head's block
+// (start = its first row in q, from sequence_bounds). Each sequence owns round_up(len, kBwdSeqQPad) rows
+// there (len <= its next start - start): round_up(start, 4) + 132 b, with 16-byte aligned rows for the
+// 16-byte lse/D copies, advances by at least len + 129 from one sequence to the next.
+FLASHOP_HOST_DEVICE int64_t bwd_packed_ws_row0(int start, int b) {
+  return int64_t(bwd_round_up(start, 4)) + int64_t(kBwdSeqQPad + 4) * b;
+}
+FLASHOP_HOST_DEVICE int64_t bwd_packed_ws_rows(int total_q, int batch) {
+  return int64_t(bwd_round_up(total_q, 4)) + int64_t(kBwdSeqQPad + 4) * batch;
+}
+
 struct BwdParams {
   // Inputs, fp16 or bf16, last dimension contiguous; base pointers 16-byte
   // aligned and every stride a multiple of 8 elements (the glue copies
@@ -38,10 +50,11 @@ struct BwdParams {
   // memset needed). Rows of each (batch, q_head) padded to seqlen_q_rounded.
   // [B][Hq][seqlen_q_rounded][W], W the kernel's tile width (>= headdim; columns past headdim are
   // padding): sum over key tiles of dS K (unscaled).
+  // Packed batches: [Hq][bwd_packed_ws_rows][W], and likewise dsum and lse_log2 (above).
   float* dq_accum;
   float* dsum;      // [B][Hq][seqlen_q_rounded]: D_i = rowsum(dO_i * O_i); 0 on padding rows
   float* lse_log2;  // [B][Hq][seqlen_q_rounded]: lse * log2(e); +inf where lse = -inf and on padding
-  int* dq_semaphore;  // [B][Hq][num_m_blocks]: deterministic mode only (else may be null)
+  int* dq_semaphore;  // [B][Hq][num_m_blocks]: deterministic mode only (else may be null); packed: B sequences
 
   // Strides in elements.
   int64_t q_batch_stride, q_row_stride, q_head_stride;
@@ -57,7 +70,7 @@ struct BwdParams {
   int batch;
   int seqlen_q;          // >= 1
   int seqlen_k;          // >= 1
-  int seqlen_q_rounded;  // bwd_round_up(seqlen_q, kBwdSeqQPad)
+  int seqlen_q_rounded;  // bwd_round_up(seqlen_q, kBwdSeqQPad) (packed: of max_seqlen_q)
   int heads_q;
   int heads_k;
   int head_ratio;  // heads_q / heads_k: kv_head = q_head / head_ratio (GQA/MQA)
@@ -91,12 +104,14 @@ struct BwdWorkspaceSizes {
   int num_m_blocks;
 };
 
+// Packed batches: seqlen_q is max_seqlen_q and total_q the rows of q (>= 0); dense: total_q = -1.
 inline BwdWorkspaceSizes bwd_workspace_sizes(int batch, int heads_q, int seqlen_q, int tile_width,
-                                             int block_m, bool deterministic) {
+                                             int block_m, bool deterministic, int total_q = -1) {
   BwdWorkspaceSizes w{};
   w.seqlen_q_rounded = bwd_round_up(seqlen_q, kBwdSeqQPad);
   w.num_m_blocks = (seqlen_q + block_m - 1) / block_m;
-  const std::size_t rows = std::size_t(batch) * heads_q * w.seqlen_q_rounded;
+  const std::size_t rows = total_q >= 0 ? std::size_t(heads_q) * std::size_t(bwd_packed_ws_rows(total_q, batch))
+                                        : std::size_t(batch) * heads_q * w.seqlen_q_rounded;
   w.dq_accum = rows * tile_width;
   w.dsum = rows;
   w.lse_log2 = rows;

@@ -3,6 +3,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <mutex>
@@ -106,6 +107,63 @@ at::Tensor readable(const at::Tensor& t, StrideLimits limits) {
   return kernel_can_read(t, limits) ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
+AttentionDims check_packed_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                  std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k,
+                                  const std::optional<at::Tensor>& seqused_q,
+                                  const std::optional<at::Tensor>& seqused_k, PackedBatch& packed) {
+  const AttentionDims dims = check_varlen_inputs(q, k, v, {cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k});
+  check_varlen_values(cu_seqlens_q, "cu_seqlens_q", dims.seqlen_q, max_seqlen_q, "max_seqlen_q", seqused_q,
+                      "seqused_q");
+  check_varlen_values(cu_seqlens_k, "cu_seqlens_k", dims.seqlen_k, max_seqlen_k, "max_seqlen_k", seqused_k,
+                      "seqused_k");
+  auto longest = [](const at::Tensor& cu) -> int64_t {
+    return cu.size(0) < 2 ? 0 : (cu.narrow(0, 1, cu.size(0) - 1) - cu.narrow(0, 0, cu.size(0) - 1)).max().item<int64_t>();
+  };
+  packed.cu_seqlens_q = cu_seqlens_q.contiguous();
+  packed.cu_seqlens_k = cu_seqlens_k.contiguous();
+  packed.seqused_q = seqused_q.has_value() ? std::optional<at::Tensor>(seqused_q->contiguous()) : std::nullopt;
+  packed.seqused_k = seqused_k.has_value() ? std::optional<at::Tensor>(seqused_k->contiguous()) : std::nullopt;
+  packed.max_seqlen_q = max_seqlen_q.has_value() ? *max_seqlen_q : longest(packed.cu_seqlens_q);
+  packed.max_seqlen_k = max_seqlen_k.has_value() ? *max_seqlen_k : longest(packed.cu_seqlens_k);
+  TORCH_CHECK(dims.seqlen_q < std::numeric_limits<int>::max() - 1024 &&
+                  dims.seqlen_k < std::numeric_limits<int>::max() - 1024,
+              "flashop (CUDA): a packed batch must have fewer than 2^31 - 1024 tokens");
+  // A max_seqlen above the tokens sizes the grid only; the tokens bound every sequence.
+  packed.max_seqlen_q = std::min(packed.max_seqlen_q, dims.seqlen_q);
+  packed.max_seqlen_k = std::min(packed.max_seqlen_k, dims.seqlen_k);
+  return dims;
+}
+
+PackedSequences packed_sequences(const PackedBatch& packed, int64_t total_q, int64_t total_k) {
+  PackedSequences s;
+  s.cu_seqlens_q = packed.cu_seqlens_q.const_data_ptr<int32_t>();
+  s.cu_seqlens_k = packed.cu_seqlens_k.const_data_ptr<int32_t>();
+  s.seqused_q = packed.seqused_q.has_value() ? packed.seqused_q->const_data_ptr<int32_t>() : nullptr;
+  s.seqused_k = packed.seqused_k.has_value() ? packed.seqused_k->const_data_ptr<int32_t>() : nullptr;
+  s.total_q = static_cast<int>(total_q);
+  s.total_k = static_cast<int>(total_k);
+  return s;
+}
+
+AttentionDims packed_kernel_dims(const AttentionDims& dims, const PackedBatch& packed) {
+  AttentionDims d = dims;
+  d.seqlen_q = packed.max_seqlen_q;
+  d.seqlen_k = packed.max_seqlen_k;
+  return d;
+}
+
+void set_packed(FwdParams& p, const PackedSequences& seqs) {
+  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = p.lse_batch_stride = 0;
+  p.packed = seqs;
+}
+
+void set_packed(BwdParams& p, const PackedSequences& seqs) {
+  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = p.do_batch_stride = 0;
+  p.dq_batch_stride = p.dk_batch_stride = p.dv_batch_stride = p.lse_batch_stride = 0;
+  p.packed = seqs;
+}
+
 bool allocate_forward_outputs(const at::Tensor& q, const AttentionDims& dims, at::Tensor& out, at::Tensor& lse,
                               const std::optional<at::Tensor>& sinks) {
   out = at::empty({dims.batch, dims.seqlen_q, dims.heads_q, dims.headdim}, q.options());
@@ -181,13 +239,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& softmax_lse, double softmax_scale, bool causal, bool deterministic,
     const AttentionDims& dims, const Device& dev, int block_m, int tile_width, BwdLaunch launch,
-    const char* kernel_name, const AttentionVariants& variants) {
-  const int64_t B = dims.batch, Sq = dims.seqlen_q, Sk = dims.seqlen_k;
+    const char* kernel_name, const AttentionVariants& variants, const PackedBatch* packed) {
+  // Packed: B sequences of at most Sq / Sk rows (the kernels' grid) in tensors of total_q / total_k rows.
+  const int64_t B = dims.batch, Sq = packed ? packed->max_seqlen_q : dims.seqlen_q;
+  const int64_t Sk = packed ? packed->max_seqlen_k : dims.seqlen_k;
+  const int64_t total_q = dims.seqlen_q, total_k = dims.seqlen_k;
   const int64_t Hq = dims.heads_q, Hk = dims.heads_k, D = dims.headdim;
   // Outputs: contiguous, like the inputs they are gradients of.
-  at::Tensor dq = at::empty({B, Sq, Hq, D}, q_in.options());
-  at::Tensor dk = at::empty({B, Sk, Hk, D}, k_in.options());
-  at::Tensor dv = at::empty({B, Sk, Hk, D}, v_in.options());
+  at::Tensor dq = packed ? at::empty({total_q, Hq, D}, q_in.options()) : at::empty({B, Sq, Hq, D}, q_in.options());
+  at::Tensor dk = packed ? at::empty({total_k, Hk, D}, k_in.options()) : at::empty({B, Sk, Hk, D}, k_in.options());
+  at::Tensor dv = packed ? at::empty({total_k, Hk, D}, v_in.options()) : at::empty({B, Sk, Hk, D}, v_in.options());
   // Empty problems: no query row -> dK = dV = 0; no key -> every row saw nothing and dQ = 0.
   if (B == 0 || Hq == 0 || Sq == 0 || Sk == 0) {
     dq.zero_();
@@ -202,18 +263,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(
               to_string(Hq), ", batch ", to_string(B));
 
   // Inputs the kernels cannot read in place are copied (see kernel_can_read).
-  const at::Tensor q = readable(q_in, kSm80BwdStrides), k = readable(k_in, kSm80BwdStrides);
-  const at::Tensor v = readable(v_in, kSm80BwdStrides);
-  const at::Tensor out = readable(out_in, kSm80BwdStrides), dout = readable(dout_in, kSm80BwdStrides);
+  // Packed tensors are seen as one batch entry, (1, total, H, D), and their lse as (1, Hq, total_q).
+  auto rows = [&](const at::Tensor& t) { return packed ? as_batch1(t) : t; };
+  const at::Tensor q = readable(rows(q_in), kSm80BwdStrides), k = readable(rows(k_in), kSm80BwdStrides);
+  const at::Tensor v = readable(rows(v_in), kSm80BwdStrides);
+  const at::Tensor out = readable(rows(out_in), kSm80BwdStrides), dout = readable(rows(dout_in), kSm80BwdStrides);
+  const at::Tensor lse_in = packed ? softmax_lse.unsqueeze(0) : softmax_lse;
   // softmax_lse is read with a unit row stride (any batch/head strides).
-  const at::Tensor lse = (Sq <= 1 || softmax_lse.stride(2) == 1) ? softmax_lse : softmax_lse.contiguous();
+  const at::Tensor lse = (lse_in.size(2) <= 1 || lse_in.stride(2) == 1) ? lse_in : lse_in.contiguous();
 
   // Workspaces from the caching allocator; the preprocess kernel initialises them (no memset).
   // dq_accum is B*Hq*round_up(Sq,128)*W floats: the kernels index its rows with their tile width W
   // (>= D, checked by check_kernel_fits), so that their dQ adds need no column predicate.
   TORCH_CHECK(D <= tile_width, "flashop.backward (CUDA): head dimension ", to_string(D), " exceeds the kernel's tile "
               "width ", to_string(tile_width));
-  const BwdWorkspaceSizes ws = bwd_workspace_sizes(int(B), int(Hq), int(Sq), tile_width, block_m, deterministic);
+  const BwdWorkspaceSizes ws = bwd_workspace_sizes(int(B), int(Hq), int(Sq), tile_width, block_m, deterministic,
+                                                   packed ? int(total_q) : -1);
   const auto f32 = q_in.options().dtype(at::kFloat);
   at::Tensor dq_accum = at::empty({static_cast<int64_t>(ws.dq_accum)}, f32);
   at::Tensor dsum = at::empty({static_cast<int64_t>(ws.dsum)}, f32);
@@ -240,9 +305,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(
   input_strides(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
   input_strides(out, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
   input_strides(dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
-  output_strides(dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
-  output_strides(dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-  output_strides(dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  output_strides(rows(dq), p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+  output_strides(rows(dk), p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  output_strides(rows(dv), p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
   p.lse_batch_stride = lse.stride(0);
   p.lse_head_stride = lse.stride(1);
   p.batch = static_cast<int>(B);
@@ -265,6 +330,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(
     p.variants.window_right = 0;
   }
   p.deterministic = deterministic;
+  if (packed) set_packed(p, packed_sequences(*packed, total_q, total_k));
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q_in.get_device()).stream();
   const cudaError_t err = launch(p, stream);

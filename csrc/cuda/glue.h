@@ -104,6 +104,41 @@ bool kernel_can_read(const at::Tensor& t, StrideLimits limits);
 // head dimension.
 at::Tensor readable(const at::Tensor& t, StrideLimits limits);
 
+// ---------------------------------------------------------------- packed batches
+
+// A packed batch's index tensors and maximum lengths (flashop.forward's cu_seqlens_q/k, max_seqlen_q/k,
+// seqused_q/k).
+struct PackedBatch {
+  at::Tensor cu_seqlens_q, cu_seqlens_k;
+  std::optional<at::Tensor> seqused_q, seqused_k;
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+};
+
+// The rules of csrc/checks.cpp for a packed batch: the tensors (check_varlen_inputs), then the values
+// (check_varlen_values; the glue runs in eager mode only, the fakes are in flashop/meta.py). A maximum
+// length not given is read from cu_seqlens. Returns the dims of check_varlen_inputs (batch = sequences,
+// seqlen_q / seqlen_k = tokens) and fills `packed`.
+AttentionDims check_packed_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                  std::optional<int64_t> max_seqlen_q, std::optional<int64_t> max_seqlen_k,
+                                  const std::optional<at::Tensor>& seqused_q,
+                                  const std::optional<at::Tensor>& seqused_k, PackedBatch& packed);
+
+// What the kernels read of a packed batch (csrc/packed_sequences.h), tokens total_q / total_k.
+PackedSequences packed_sequences(const PackedBatch& packed, int64_t total_q, int64_t total_k);
+
+// The dims the kernels take for a packed batch: batch = sequences, seqlen_q / seqlen_k = the maximum
+// lengths (they size the grid).
+AttentionDims packed_kernel_dims(const AttentionDims& dims, const PackedBatch& packed);
+
+// A packed (total, H, D) tensor as the (1, total, H, D) the kernels' params are filled from (the batch
+// stride of a size-1 dimension is 0 for the inputs; the params' batch strides are set to 0 for all).
+inline at::Tensor as_batch1(const at::Tensor& t) { return t.unsqueeze(0); }
+
+// Sets every batch stride of packed params to 0 and their packed member (fwd and bwd params alike).
+void set_packed(FwdParams& p, const PackedSequences& seqs);
+void set_packed(BwdParams& p, const PackedSequences& seqs);
+
 // ---------------------------------------------------------------- forward
 
 // Allocates out (B, Sq, Hq, D) and lse (B, Hq, Sq). Returns true when the problem is empty and
@@ -132,7 +167,8 @@ FwdParams make_fwd_params(const at::Tensor& q, const at::Tensor& k, const at::Te
 
 using BwdLaunch = cudaError_t (*)(const BwdParams&, cudaStream_t);
 
-// Gradients of validated inputs (check_forward_inputs / check_backward_inputs, check_cuda_inputs)
+// Gradients of validated inputs (check_forward_inputs / check_backward_inputs, check_cuda_inputs;
+// packed: check_packed_inputs, dims its result, q/k/v/out/dout (total, H, D), softmax_lse (Hq, total_q))
 // through `launch`, a kernel whose query tile is block_m rows and whose tile width (the config name's
 // d<W>, >= the true head dimension) is tile_width: outputs, workspaces, BwdParams and the launch on
 // the current stream.
@@ -140,7 +176,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& softmax_lse, double softmax_scale, bool causal, bool deterministic, const AttentionDims& dims,
     const Device& dev, int block_m, int tile_width, BwdLaunch launch, const char* kernel_name,
-    const AttentionVariants& variants = AttentionVariants{});
+    const AttentionVariants& variants = AttentionVariants{}, const PackedBatch* packed = nullptr);
 
 }  // namespace glue
 }  // namespace flashop

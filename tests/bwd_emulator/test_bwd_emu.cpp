@@ -2,7 +2,7 @@
 // FLASHOP_BWD_EMULATE against bwd_emulate.cuh): every thread of a block runs as a fiber, the mma,
 // ldmatrix and cp.async instructions are emulated from their PTX definitions, and dQ/dK/dV are
 // compared with a float64 reference. Run by tests/test_bwd_emulator.py:
-//   test_bwd_emu <config|all> <lazy|eager> <rr|serial|reverse|random> [- edge]
+//   test_bwd_emu <config|all> <lazy|eager> <rr|serial|reverse|random> [- <edge|full> [packed]]
 // lazy/eager: cp.async lands at its wait / at issue; serial/reverse: one warp runs ahead until a
 // barrier stops it, which exposes a missing __syncthreads.
 #define FLASHOP_BWD_EMULATE 1
@@ -208,6 +208,111 @@ bool run_case(const Problem& pr, unsigned seed, bool verbose = true) {
   return ok && !bad_read && !bad_write;
 }
 
+// A packed batch (csrc/packed_sequences.h): q (total_q, Hq, D), k/v (total_k, Hk, D), sequence b rows
+// cu[b] .. cu[b + 1], of which the first used[b] take part; the other rows get zero gradients. Outputs
+// are NaN-filled first, so a row the kernels fail to write fails the comparison. The reference runs
+// each sequence on its used rows (causal / windows bottom-right within it, ALiBi (B, Hq) row b).
+struct PackedProblem { std::vector<int> lq, lk, uq, uk; int Hq, Hk; bool causal, det; Variant var = {}; };
+template <class Cfg>
+bool run_packed_case(const PackedProblem& pr, unsigned seed) {
+  using Elem = typename sm80::bwd::ElemOf<Cfg::kDType>::type;
+  constexpr int D = Cfg::kHeadDim;
+  const int B = int(pr.lq.size()), Hq = pr.Hq, Hk = pr.Hk, ratio = Hq / Hk;
+  std::vector<int> cq(B + 1, 0), ck(B + 1, 0);
+  for (int b = 0; b < B; ++b) cq[b + 1] = cq[b] + pr.lq[b], ck[b + 1] = ck[b] + pr.lk[b];
+  const int Tq = cq[B], Tk = ck[B];
+  int max_q = 0, max_k = 0;
+  for (int b = 0; b < B; ++b) max_q = std::max(max_q, pr.lq[b]), max_k = std::max(max_k, pr.lk[b]);
+  const double scale = 1.0 / std::sqrt(double(D));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto randn = [&](int rows, int H) { std::vector<Elem> t(size_t(rows) * H * D + 8); for (auto& x : t) x = from_f<Elem>(nd(rng)); return t; };
+  std::vector<Elem> q = randn(Tq, Hq), k = randn(Tk, Hk), v = randn(Tk, Hk), o(size_t(Tq) * Hq * D + 8), dout = randn(Tq, Hq);
+  std::vector<float> slopes(size_t(B) * Hq), sinks(Hq), lse(size_t(Hq) * Tq + 8, -INFINITY);
+  for (auto& x : slopes) x = 0.05f + 0.5f * std::fabs(nd(rng));
+  for (auto& x : sinks) x = 2.f * nd(rng);
+  const Variant& var = pr.var;
+  std::vector<double> rdq(size_t(Tq) * Hq * D, 0), rdk(size_t(Tk) * Hk * D, 0), rdv(size_t(Tk) * Hk * D, 0);
+  auto at = [&](const std::vector<Elem>& t, int H, int row, int h, int d) { return double(to_f(t[(size_t(row) * H + h) * D + d])); };
+  for (int b = 0; b < B; ++b) {
+    const int q0 = cq[b], k0 = ck[b], Sq = pr.uq[b], Sk = pr.uk[b], diag = Sk - Sq;
+    std::vector<double> P(size_t(Sq) * Sk), dS(size_t(Sq) * Sk), dcap(size_t(Sq) * Sk, 1.0);
+    for (int h = 0; h < Hq; ++h) {
+      const int hk = h / ratio;
+      for (int i = 0; i < Sq; ++i) {
+        double mx = -INFINITY;
+        for (int j = 0; j < Sk; ++j) {
+          double sc = 0; for (int d = 0; d < D; ++d) sc += at(q, Hq, q0 + i, h, d) * at(k, Hk, k0 + j, hk, d);
+          sc *= scale;
+          if (var.softcap > 0) { const double th = std::tanh(sc / var.softcap); sc = var.softcap * th; dcap[size_t(i) * Sk + j] = 1.0 - th * th; }
+          if (var.alibi) sc -= double(slopes[(var.alibi == 2 ? b * Hq : 0) + h]) * std::fabs(double(i + diag - j));
+          const bool vis = !(pr.causal && j > i + diag) && !(var.wl >= 0 && j < i + diag - var.wl) && !(var.wr >= 0 && j > i + diag + var.wr);
+          P[size_t(i) * Sk + j] = vis ? sc : -INFINITY; mx = std::max(mx, P[size_t(i) * Sk + j]);
+        }
+        const double sink = var.sinks ? double(sinks[h]) : -INFINITY;
+        float& L = lse[size_t(h) * Tq + q0 + i];
+        if (mx == -INFINITY) { for (int j = 0; j < Sk; ++j) P[size_t(i) * Sk + j] = 0; L = float(sink); }
+        else {
+          const double top = std::max(mx, sink); double l = var.sinks ? std::exp(sink - top) : 0;
+          for (int j = 0; j < Sk; ++j) l += std::exp(P[size_t(i) * Sk + j] - top);
+          L = float(top + std::log(l));
+          for (int j = 0; j < Sk; ++j) P[size_t(i) * Sk + j] = std::exp(P[size_t(i) * Sk + j] - (top + std::log(l)));
+        }
+        for (int d = 0; d < D; ++d) { double a = 0; for (int j = 0; j < Sk; ++j) a += P[size_t(i) * Sk + j] * at(v, Hk, k0 + j, hk, d); o[(size_t(q0 + i) * Hq + h) * D + d] = from_f<Elem>(float(a)); }
+      }
+      for (int i = 0; i < Sq; ++i) {
+        double Di = 0; for (int d = 0; d < D; ++d) Di += at(dout, Hq, q0 + i, h, d) * to_f(o[(size_t(q0 + i) * Hq + h) * D + d]);
+        for (int j = 0; j < Sk; ++j) {
+          double dp = 0; for (int d = 0; d < D; ++d) dp += at(dout, Hq, q0 + i, h, d) * at(v, Hk, k0 + j, hk, d);
+          dS[size_t(i) * Sk + j] = P[size_t(i) * Sk + j] * (dp - Di) * dcap[size_t(i) * Sk + j];
+        }
+      }
+      for (int i = 0; i < Sq; ++i) for (int d = 0; d < D; ++d) { double a = 0; for (int j = 0; j < Sk; ++j) a += dS[size_t(i) * Sk + j] * at(k, Hk, k0 + j, hk, d); rdq[(size_t(q0 + i) * Hq + h) * D + d] = a * scale; }
+      for (int j = 0; j < Sk; ++j) for (int d = 0; d < D; ++d) {
+        double ak = 0, av = 0;
+        for (int i = 0; i < Sq; ++i) { ak += dS[size_t(i) * Sk + j] * at(q, Hq, q0 + i, h, d); av += P[size_t(i) * Sk + j] * at(dout, Hq, q0 + i, h, d); }
+        rdk[(size_t(k0 + j) * Hk + hk) * D + d] += ak * scale; rdv[(size_t(k0 + j) * Hk + hk) * D + d] += av;
+      }
+    }
+  }
+  std::vector<Elem> dq(size_t(Tq) * Hq * D + 8, from_f<Elem>(NAN)), dk(size_t(Tk) * Hk * D + 8, from_f<Elem>(NAN)),
+      dv(size_t(Tk) * Hk * D + 8, from_f<Elem>(NAN));
+  const BwdWorkspaceSizes ws = bwd_workspace_sizes(B, Hq, max_q, D, Cfg::kBlockM, pr.det, Tq);
+  std::vector<float> dq_accum(ws.dq_accum, NAN), dsum(ws.dsum, NAN), lse2(ws.lse_log2, NAN);
+  std::vector<int> sem(ws.dq_semaphore + 1, 12345);
+  std::vector<int32_t> cu_q(cq.begin(), cq.end()), cu_k(ck.begin(), ck.end()), used_q(pr.uq.begin(), pr.uq.end()),
+      used_k(pr.uk.begin(), pr.uk.end());
+  BwdParams p{};
+  p.q = q.data(); p.k = k.data(); p.v = v.data(); p.out = o.data(); p.dout = dout.data(); p.lse = lse.data();
+  p.dq = dq.data(); p.dk = dk.data(); p.dv = dv.data();
+  p.dq_accum = dq_accum.data(); p.dsum = dsum.data(); p.lse_log2 = lse2.data(); p.dq_semaphore = pr.det ? sem.data() : nullptr;
+  p.q_row_stride = p.o_row_stride = p.do_row_stride = p.dq_row_stride = int64_t(Hq) * D;
+  p.k_row_stride = p.v_row_stride = p.dk_row_stride = p.dv_row_stride = int64_t(Hk) * D;
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = p.do_head_stride = D;
+  p.dq_head_stride = p.dk_head_stride = p.dv_head_stride = D;
+  p.lse_head_stride = Tq;  // batch strides 0
+  p.batch = B; p.seqlen_q = max_q; p.seqlen_k = max_k; p.seqlen_q_rounded = ws.seqlen_q_rounded; p.heads_q = Hq; p.heads_k = Hk;
+  p.head_ratio = ratio; p.headdim = D; p.num_m_blocks = ws.num_m_blocks; p.sm_count = 9; p.l2_bytes = int64_t(1) << 30;
+  p.scale = float(scale); p.scale_log2 = float(scale * 1.4426950408889634); p.causal = pr.causal; p.deterministic = pr.det;
+  p.variants.window_left = var.wl; p.variants.window_right = pr.causal ? 0 : var.wr; p.variants.softcap = var.softcap;
+  p.variants.alibi_slopes = var.alibi ? slopes.data() : nullptr; p.variants.alibi_batch_stride = var.alibi == 2 ? Hq : 0;
+  p.packed.cu_seqlens_q = cu_q.data(); p.packed.cu_seqlens_k = cu_k.data();
+  p.packed.seqused_q = used_q.data(); p.packed.seqused_k = used_k.data(); p.packed.total_q = Tq; p.packed.total_k = Tk;
+  if (!sm80::bwd::emulate_bwd<Cfg>(p)) { printf("params rejected\n"); return false; }
+  bool ok = true;
+  auto cmp = [&](const char* name, const std::vector<Elem>& got, const std::vector<double>& ref) {
+    double maxerr = 0, maxref = 0; bool nan = false;
+    for (size_t i = 0; i < ref.size(); ++i) { const double g = to_f(got[i]); if (!std::isfinite(g)) { nan = true; break; }
+      maxerr = std::max(maxerr, std::fabs(g - ref[i])); maxref = std::max(maxref, std::fabs(ref[i])); }
+    const double rel = maxerr / std::max(maxref, 1e-3);
+    const bool good = !nan && rel < 2e-2;
+    printf("  %s: max|err| %.3e max|ref| %.3e rel %.2e%s%s\n", name, maxerr, maxref, rel, nan ? " NaN!" : "", good ? "" : "  <-- FAIL");
+    ok &= good;
+  };
+  cmp("dq", dq, rdq); cmp("dk", dk, rdk); cmp("dv", dv, rdv);
+  return ok;
+}
+
 // Configs that run every variant case; the others (same code paths, other tiles and flags) run
 // variant_short, to keep a mode of the test within its time limit.
 bool all_variant_cases(const std::string& name) {
@@ -219,7 +324,7 @@ bool all_variant_cases(const std::string& name) {
 }
 
 template <class Cfg>
-bool run_suite(const char* name, bool quick) {
+bool run_suite(const char* name, bool quick, bool packed_only) {
   printf("== %s (smem %zu, WarpsN %d WarpsD %d, dQ warps %dx%d)\n", name, Cfg::kSmemBytes, Cfg::kWarpsN, Cfg::kWarpsD, Cfg::kWarpsMdQ, Cfg::kWarpsDdQ);
   std::vector<Problem> cases = {
     {1, 100, 77, 2, 1, false, false, 8, 1.0f},
@@ -285,6 +390,20 @@ bool run_suite(const char* name, bool quick) {
   }
   bool ok = true;
   unsigned seed = 1;
+  // Packed batches: an empty sequence, single tokens, tails, seqused cutting tiles, GQA, deterministic.
+  const int M = Cfg::kBlockM, N = Cfg::kBlockN;
+  const std::vector<PackedProblem> packed = quick ? std::vector<PackedProblem>{
+      {{1, 0, 3}, {2, 5, 0}, {1, 0, 2}, {2, 5, 0}, 2, 1, true, true},
+      {{5, 3}, {3, 5}, {5, 3}, {3, 5}, 2, 1, false, false, {0, 0, 2.f, 2, true}}}
+    : std::vector<PackedProblem>{
+      {{M + 3, 0, 1, 2 * M - 1}, {N + 1, 7, 0, 2 * N}, {M + 3, 0, 1, M - 5}, {N - 2, 7, 0, 2 * N}, 4, 2, true, true},
+      {{M - 1, 2 * M + 1}, {2 * N + 3, N}, {M - 1, M + 2}, {N + 9, N}, 2, 1, false, true, {17, 3, 3.f, 2}}};
+  for (const PackedProblem& pr : packed) {
+    printf(" packed case %zu sequences causal=%d det=%d window=(%d,%d) softcap=%g alibi=%d\n", pr.lq.size(), pr.causal,
+           pr.det, pr.var.wl, pr.var.wr, pr.var.softcap, pr.var.alibi);
+    ok &= run_packed_case<Cfg>(pr, seed++);
+  }
+  if (packed_only) return ok;
   for (const Problem& pr : cases) {
     printf(" case B=%d Sq=%d Sk=%d Hq=%d Hk=%d causal=%d det=%d pad=%d headdim=%d scale*%g window=(%d,%d) softcap=%g alibi=%d sinks=%d\n", pr.B, pr.Sq, pr.Sk, pr.Hq, pr.Hk, pr.causal, pr.det, pr.head_pad, pr.hd > 0 ? pr.hd : Cfg::kHeadDim, pr.scale_mul, pr.var.wl, pr.var.wr, pr.var.softcap, pr.var.alibi, pr.var.sinks);
     ok &= run_case<Cfg>(pr, seed++);
@@ -301,7 +420,8 @@ int main(int argc, char** argv) {
   bool ok = true;
   int suites = 0;
   const bool edge = argc > 5 && std::string(argv[5]) == "edge";  // argv[4]: "-"
-#define CASE(tag, ...) if (which == "all" || which == tag) { ok &= run_suite<BwdConfig<__VA_ARGS__>>(tag, edge); ++suites; }
+  const bool packed_only = argc > 6 && std::string(argv[6]) == "packed";  // the packed-batch cases only
+#define CASE(tag, ...) if (which == "all" || which == tag) { ok &= run_suite<BwdConfig<__VA_ARGS__>>(tag, edge, packed_only); ++suites; }
   CASE("bf16.d64.br64.bc64.w4", DType::kBf16, 64, 64, 64, 4, 0)
   CASE("fp16.d32.br32.bc32.w2", DType::kFp16, 32, 32, 32, 2, 0)
   CASE("bf16.d128.br64.bc128.w8", DType::kBf16, 128, 128, 64, 8, 0)

@@ -309,13 +309,30 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_preproce
   const int row = block_x() * G::kRowsPerBlock + r;
   const int hq = block_y(), b = block_z();
 
+  if (p.deterministic && block_x() == 0) {
+    int* sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * p.num_m_blocks;
+    for (int i = tid; i < p.num_m_blocks; i += kAuxThreads) sem[i] = 0;
+  }
+  // Packed: sequence b's used rows from q_start; its workspace rows from row_base, round_up(len, 128) of
+  // them (the blocks past them belong to the next sequence).
+  int seqlen_q = p.seqlen_q, q_start = 0;
+  int64_t row_base = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded;
+  if (p.packed.packed()) {
+    const SequenceBounds sq = sequence_bounds(p.packed.cu_seqlens_q, p.packed.seqused_q, b, p.packed.total_q,
+                                              p.seqlen_q);
+    if (block_x() * G::kRowsPerBlock >= bwd_round_up(sq.len, kBwdSeqQPad)) return;
+    seqlen_q = sq.used;
+    q_start = sq.start;
+    row_base = hq * bwd_packed_ws_rows(p.packed.total_q, p.batch) + bwd_packed_ws_row0(sq.start, b);
+  }
+
   float sum = 0.f;
   // Only the true head dimension's chunks (p.headdim <= D, so this also bounds c by kChunks).
-  if (row < p.seqlen_q && c * 8 < p.headdim) {
-    const Elem* o = static_cast<const Elem*>(p.out) + b * p.o_batch_stride + int64_t(row) * p.o_row_stride +
-                    hq * p.o_head_stride + c * 8;
-    const Elem* d = static_cast<const Elem*>(p.dout) + b * p.do_batch_stride + int64_t(row) * p.do_row_stride +
-                    hq * p.do_head_stride + c * 8;
+  if (row < seqlen_q && c * 8 < p.headdim) {
+    const Elem* o = static_cast<const Elem*>(p.out) + b * p.o_batch_stride +
+                    (int64_t(q_start) + row) * p.o_row_stride + hq * p.o_head_stride + c * 8;
+    const Elem* d = static_cast<const Elem*>(p.dout) + b * p.do_batch_stride +
+                    (int64_t(q_start) + row) * p.do_row_stride + hq * p.do_head_stride + c * 8;
     const uint4 ov = *reinterpret_cast<const uint4*>(o);
     const uint4 dv = *reinterpret_cast<const uint4*>(d);
     const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w};
@@ -329,11 +346,10 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_preproce
 #pragma unroll
   for (int off = G::kLanes / 2; off > 0; off >>= 1) sum += shfl_xor(sum, off);
 
-  const int64_t row_base = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded;
   if (c == 0) {  // row < seqlen_q_rounded: the grid tiles the padded rows exactly
-    const bool in = row < p.seqlen_q;
+    const bool in = row < seqlen_q;
     p.dsum[row_base + row] = in ? sum : 0.f;
-    const float l = in ? p.lse[b * p.lse_batch_stride + hq * p.lse_head_stride + row] : -INFINITY;
+    const float l = in ? p.lse[b * p.lse_batch_stride + hq * p.lse_head_stride + q_start + row] : -INFINITY;
     // A row that saw no key has lse = -inf; +inf here makes its P = exp2(x - inf) = 0.
     p.lse_log2[row_base + row] = (l == -INFINITY) ? INFINITY : l * kLog2e;
   }
@@ -345,11 +361,6 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_preproce
   const float4 z = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 4
   for (int i = tid; i < kVecs; i += kAuxThreads) acc[i] = z;
-
-  if (p.deterministic && block_x() == 0) {
-    int* sem = p.dq_semaphore + (int64_t(b) * p.heads_q + hq) * p.num_m_blocks;
-    for (int i = tid; i < p.num_m_blocks; i += kAuxThreads) sem[i] = 0;
-  }
 }
 
 // ---------------------------------------------------------------------------
@@ -359,8 +370,13 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_preproce
 // instantiations: the left bound alone grows the masked path by 10-25% of the
 // loop's instructions, the score modifications make the d64 loop spill, and
 // sliding-window attention should pay for neither.
-template <class Cfg, int kVar>
+// kPacked (with kBwdScoreMod only, one more instantiation): a packed batch (p.packed,
+// csrc/packed_sequences.h); b is the sequence, Sq and Sk below its used rows, the pointers start at its
+// first rows, its workspace rows are bwd_packed_ws_row0's, and dK/dV rows it owns past seqused_k are
+// written as zeros (their keys are masked: P = dS = 0).
+template <class Cfg, int kVar, bool kPacked = false>
 FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_kernel(const BwdParams p) {
+  static_assert(!kPacked || kVar == kBwdScoreMod, "packed batches run on the kBwdScoreMod instantiation");
   using Elem = typename ElemOf<Cfg::kDType>::type;
   using L = BwdSmem<Cfg>;
   using KVTile = typename L::KVTile;
@@ -404,6 +420,34 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
   }
   const int key0 = n_block * N;
 
+  // The sequence: used query rows seqlen_q from q_start, used keys seqlen_k from k_start of the k_len it
+  // owns; ws_base(hq): workspace row of its first query (dense: the batch entry's).
+  // (Accessors: the dense instantiations read p at each use, as ptxas schedules best; a value held
+  // across the loop costs the kBwdScoreMod d64 kernel a spill slot.)
+  int used_q = 0, used_k = 0, len_k = 0;
+  int64_t q_start = 0, k_start = 0, ws_row0 = 0, ws_head_rows = 0;
+  auto seqlen_q = [&]() -> int { if constexpr (kPacked) return used_q; else return p.seqlen_q; };
+  auto seqlen_k = [&]() -> int { if constexpr (kPacked) return used_k; else return p.seqlen_k; };
+  auto k_len = [&]() -> int { if constexpr (kPacked) return len_k; else return p.seqlen_k; };
+  if constexpr (kPacked) {
+    const SequenceBounds sq = sequence_bounds(p.packed.cu_seqlens_q, p.packed.seqused_q, b, p.packed.total_q,
+                                              p.seqlen_q);
+    const SequenceBounds sk = sequence_bounds(p.packed.cu_seqlens_k, p.packed.seqused_k, b, p.packed.total_k,
+                                              p.seqlen_k);
+    if (key0 >= sk.len) return;  // the rows belong to the next sequence
+    used_q = sq.used;
+    used_k = sk.used;
+    len_k = sk.len;
+    q_start = sq.start;
+    k_start = sk.start;
+    ws_row0 = bwd_packed_ws_row0(sq.start, b);
+    ws_head_rows = bwd_packed_ws_rows(p.packed.total_q, p.batch);
+  }
+  auto ws_base = [&](int hq) -> int64_t {
+    if constexpr (kPacked) return ws_row0 + hq * ws_head_rows;
+    return (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded;
+  };
+
   // Warp roles (bwd_config.h). S^T / dK / dV: warp (wn, wd) owns keys
   // [key_row0, key_row0 + kKeysPerWarp); with kWarpsD > 1 the n8-tile pairs of
   // its queries and head dims are interleaved with the other wd: pair np
@@ -419,21 +463,24 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
   // right_off = diag). The first query that sees key0 is key0 - right_off, the
   // last that sees the tile's last key is key_last - left_off, and the queries
   // between see some key of the tile: the visible tiles are [m_first, m_stop).
-  const int diag = p.seqlen_k - p.seqlen_q;
+  const int diag = seqlen_k() - seqlen_q();
   const bool has_right = p.causal || p.variants.window_right >= 0;
   const int right_off = diag + (p.causal ? 0 : p.variants.window_right);
   const bool has_left = kVar != kBwdDense && p.variants.window_left >= 0;
   const int left_off = diag - p.variants.window_left;
-  const int m_tiles = (p.seqlen_q + M - 1) / M;
+  const int m_tiles = (seqlen_q() + M - 1) / M;
   int m_first = 0, m_stop = m_tiles;
+  if constexpr (kPacked) {
+    if (key0 >= seqlen_k()) m_stop = 0;  // keys past seqused_k: an empty walk, zero dK and dV
+  }
   if (has_right) {
     const int i_min = key0 - right_off;
-    m_first = i_min <= 0 ? 0 : (i_min >= p.seqlen_q ? m_tiles : i_min / M);
+    m_first = i_min <= 0 ? 0 : (i_min >= seqlen_q() ? m_tiles : i_min / M);
   }
   if (has_left) {
-    const int key_last = (key0 + N < p.seqlen_k ? key0 + N : p.seqlen_k) - 1;
+    const int key_last = (key0 + N < seqlen_k() ? key0 + N : seqlen_k()) - 1;
     const int i_max = key_last - left_off;
-    m_stop = i_max < 0 ? 0 : (i_max >= p.seqlen_q ? m_tiles : i_max / M + 1);
+    m_stop = i_max < 0 ? 0 : (i_max >= seqlen_q() ? m_tiles : i_max / M + 1);
   }
   const int per_head = m_stop > m_first ? m_stop - m_first : 0;
   // kScoreMod: S^T moves to score units (softcap or ALiBi), whose exp2 factor is log2(e).
@@ -486,10 +533,12 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
   const uint32_t baseS_o = lane_base_a<STile>(s0 + L::kDS, key_row0, 2 * wo, lane);
 
   // K_j, V_j: once, for the whole walk.
-  const Elem* gK = static_cast<const Elem*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
-  const Elem* gV = static_cast<const Elem*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
-  load_tile_async<KVTile, T>(uK, gK, p.k_row_stride, key0, p.seqlen_k, p.headdim, tid);
-  load_tile_async<KVTile, T>(uV, gV, p.v_row_stride, key0, p.seqlen_k, p.headdim, tid);
+  const Elem* gK = static_cast<const Elem*>(p.k) + b * p.k_batch_stride + k_start * p.k_row_stride +
+                   hk * p.k_head_stride;
+  const Elem* gV = static_cast<const Elem*>(p.v) + b * p.v_batch_stride + k_start * p.v_row_stride +
+                   hk * p.v_head_stride;
+  load_tile_async<KVTile, T>(uK, gK, p.k_row_stride, key0, seqlen_k(), p.headdim, tid);
+  load_tile_async<KVTile, T>(uV, gV, p.v_row_stride, key0, seqlen_k(), p.headdim, tid);
   cp_async_commit();
 
   // Steps walk (query head of the group, query tile), tiles from the last one
@@ -515,16 +564,16 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
     }
   };
   // Q_i, dO_i (zero rows past Sq) and lse_log2/D of tile (hq, m) into `stage`.
-  const Elem* gQ0 = static_cast<const Elem*>(p.q) + b * p.q_batch_stride;
-  const Elem* gDO0 = static_cast<const Elem*>(p.dout) + b * p.do_batch_stride;
+  const Elem* gQ0 = static_cast<const Elem*>(p.q) + b * p.q_batch_stride + q_start * p.q_row_stride;
+  const Elem* gDO0 = static_cast<const Elem*>(p.dout) + b * p.do_batch_stride + q_start * p.do_row_stride;
   auto load_step = [&](int hq, int m, int stage) {
     const int row0 = m * M;
     load_tile_async<QTile, T>(uQ + stage * QTile::kBytes, gQ0 + hq * p.q_head_stride, p.q_row_stride, row0,
-                              p.seqlen_q, p.headdim, tid);
+                              seqlen_q(), p.headdim, tid);
     load_tile_async<QTile, T>(uDO + stage * QTile::kBytes, gDO0 + hq * p.do_head_stride, p.do_row_stride, row0,
-                              p.seqlen_q, p.headdim, tid);
+                              seqlen_q(), p.headdim, tid);
     // The workspaces are padded to kBwdSeqQPad rows: the whole tile is in bounds.
-    const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + row0;
+    const int64_t row = ws_base(hq) + row0;
     constexpr int kVecs = M / 4;
     if (tid < kVecs)
       cp_async_16(uLse + stage * M * 4 + tid * 16, p.lse_log2 + row + tid * 4, true);
@@ -538,10 +587,10 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
   auto load_step_nobranch = [&](int hq, int m, int stage, bool enable) {
     const int row0 = m * M;
     load_tile_async<QTile, T>(uQ + stage * QTile::kBytes, gQ0 + hq * p.q_head_stride, p.q_row_stride, row0,
-                              p.seqlen_q, p.headdim, tid, enable);
+                              seqlen_q(), p.headdim, tid, enable);
     load_tile_async<QTile, T>(uDO + stage * QTile::kBytes, gDO0 + hq * p.do_head_stride, p.do_row_stride, row0,
-                              p.seqlen_q, p.headdim, tid, enable);
-    const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + row0;
+                              seqlen_q(), p.headdim, tid, enable);
+    const int64_t row = ws_base(hq) + row0;
     constexpr int kVecs = M / 4;
     const bool is_lse = tid < kVecs;
     const int v = is_lse ? tid : tid - kVecs;
@@ -616,7 +665,7 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
     // P^T = exp2(S^T * scale*log2e - lse_log2). Element e of accumulator
     // [mt][nq] is key (row) key_row0 + 16mt + g + 8(e/2), query (column)
     // 16(wd + WD(nq/2)) + 8(nq%2) + 2t + e%2.
-    const bool need_mask = key0 + N > p.seqlen_k || (has_right && key0 + N - 1 - q0 > right_off) ||
+    const bool need_mask = key0 + N > seqlen_k() || (has_right && key0 + N - 1 - q0 > right_off) ||
                            (has_left && key0 - (q0 + M - 1) < left_off);
     // kScoreMod: S^T in score units (softcap, ALiBi).
     float slope = 0.f;
@@ -666,7 +715,7 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
             for (int e = 0; e < 4; ++e) {
               const int key = key0 + key_row0 + 16 * mt + g + 8 * (e >> 1);
               const int query = q0 + 16 * wd + 2 * t + qc_step + (e & 1);
-              if (key >= p.seqlen_k || (has_right && key > query + right_off) ||
+              if (key >= seqlen_k() || (has_right && key > query + right_off) ||
                   (has_left && key < query + left_off))
                 s[mt][nq][e] = -INFINITY;
             }
@@ -687,7 +736,7 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
           for (int e = 0; e < 4; ++e) {
             const int key = key0 + key_row0 + 16 * mt + g + 8 * (e >> 1);
             const int query = q0 + 16 * wd + 2 * t + qc_step + (e & 1);
-            if (key >= p.seqlen_k || (has_right && key > query + right_off) ||
+            if (key >= seqlen_k() || (has_right && key > query + right_off) ||
                 (has_left && key < query + left_off))
               s[mt][nq][e] = 0.f;
           }
@@ -825,7 +874,7 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
         zero(dq);
         gemm_tb<MTQ, NTQ, N, 2 * WMQ, 2 * WDQ, STile, KVTile, Elem>(dq, baseS_t, baseK_t);
         const int lane_row = 16 * wqm + g;
-        float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0 + lane_row) * D +
+        float* gacc = p.dq_accum + (ws_base(hq) + q0 + lane_row) * D +
                       (16 * wqd + 2 * t);
         // No row test: rows past Sq are padding rows of dq_accum (M divides
         // kBwdSeqQPad, so the whole tile is inside the workspace), which the
@@ -871,9 +920,9 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
     // This thread's fragment (row g, columns 2t, 2t+1 of the warp's first
     // tile); every other fragment is a compile-time offset from it.
     const int lane_row = 16 * wqm + g;
-    float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0 + lane_row) * D +
+    float* gacc = p.dq_accum + (ws_base(hq) + q0 + lane_row) * D +
                   (16 * wqd + 2 * t);
-    const int rows_left = p.seqlen_q - q0 - lane_row;  // fragment rows below this are inside Sq
+    const int rows_left = seqlen_q() - q0 - lane_row;  // fragment rows below this are inside Sq
 #pragma unroll
     for (int mt = 0; mt < MTQ; ++mt)
 #pragma unroll
@@ -915,10 +964,10 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
       sts_u32(a1 + kVfromK, pack2<Elem>(acc_dv[mt][nd][2], acc_dv[mt][nd][3]));
     }
   barrier();
-  Elem* gdK = static_cast<Elem*>(p.dk) + b * p.dk_batch_stride + hk * p.dk_head_stride;
-  Elem* gdV = static_cast<Elem*>(p.dv) + b * p.dv_batch_stride + hk * p.dv_head_stride;
-  store_tile<KVTile, T>(uK, gdK, p.dk_row_stride, key0, p.seqlen_k, p.headdim, tid);
-  store_tile<KVTile, T>(uV, gdV, p.dv_row_stride, key0, p.seqlen_k, p.headdim, tid);
+  Elem* gdK = static_cast<Elem*>(p.dk) + b * p.dk_batch_stride + k_start * p.dk_row_stride + hk * p.dk_head_stride;
+  Elem* gdV = static_cast<Elem*>(p.dv) + b * p.dv_batch_stride + k_start * p.dv_row_stride + hk * p.dv_head_stride;
+  store_tile<KVTile, T>(uK, gdK, p.dk_row_stride, key0, k_len(), p.headdim, tid);
+  store_tile<KVTile, T>(uV, gdV, p.dv_row_stride, key0, k_len(), p.headdim, tid);
 }
 
 // ---------------------------------------------------------------------------
@@ -932,17 +981,27 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_convert_
   const int idx = block_x() * kAuxThreads + thread_x();
   const int row = idx / kCPR, c = idx % kCPR;
   const int hq = block_y(), b = block_z();
-  if (row >= p.seqlen_q || c * 8 >= p.headdim) return;
-  const float4* src = reinterpret_cast<const float4*>(
-      p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + row) * D + c * 8);
+  // Packed: the rows sequence b owns, from q_start; rows past seqused_q get zeros.
+  int q_len = p.seqlen_q, q_start = 0;
+  int64_t ws = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded;
+  float s = p.scale;
+  if (p.packed.packed()) {
+    const SequenceBounds sq = sequence_bounds(p.packed.cu_seqlens_q, p.packed.seqused_q, b, p.packed.total_q,
+                                              p.seqlen_q);
+    q_len = sq.len;
+    q_start = sq.start;
+    ws = hq * bwd_packed_ws_rows(p.packed.total_q, p.batch) + bwd_packed_ws_row0(sq.start, b);
+    if (row >= sq.used) s = 0.f;
+  }
+  if (row >= q_len || c * 8 >= p.headdim) return;
+  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + (ws + row) * D + c * 8);
   const float4 x = src[0], y = src[1];
-  const float s = p.scale;
   uint4 out;
   out.x = pack2<Elem>(x.x * s, x.y * s);
   out.y = pack2<Elem>(x.z * s, x.w * s);
   out.z = pack2<Elem>(y.x * s, y.y * s);
   out.w = pack2<Elem>(y.z * s, y.w * s);
-  Elem* dst = static_cast<Elem*>(p.dq) + b * p.dq_batch_stride + int64_t(row) * p.dq_row_stride +
+  Elem* dst = static_cast<Elem*>(p.dq) + b * p.dq_batch_stride + (int64_t(q_start) + row) * p.dq_row_stride +
               hq * p.dq_head_stride + c * 8;
   *reinterpret_cast<uint4*>(dst) = out;
 }
@@ -997,7 +1056,8 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   constexpr std::size_t kSmem = Cfg::kSmemBytes;
   const int var = bwd_variant(p);
-  auto* main_kernel = var == kBwdScoreMod ? &bwd_main_kernel<Cfg, kBwdScoreMod>
+  auto* main_kernel = p.packed.packed()       ? &bwd_main_kernel<Cfg, kBwdScoreMod, true>
+                      : var == kBwdScoreMod ? &bwd_main_kernel<Cfg, kBwdScoreMod>
                       : var == kBwdLeft   ? &bwd_main_kernel<Cfg, kBwdLeft>
                                           : &bwd_main_kernel<Cfg, kBwdDense>;
   if (kSmem > 48 * 1024) {
@@ -1021,7 +1081,9 @@ inline bool emulate_bwd(const BwdParams& p) {
   emu::launch(dims(g.pre), kAuxThreads, 0, [&] { bwd_preprocess_kernel<Cfg>(p); });
   const int var = bwd_variant(p);
   emu::launch(dims(g.main), Cfg::kThreads, Cfg::kSmemBytes, [&] {
-    if (var == kBwdScoreMod)
+    if (p.packed.packed())
+      bwd_main_kernel<Cfg, kBwdScoreMod, true>(p);
+    else if (var == kBwdScoreMod)
       bwd_main_kernel<Cfg, kBwdScoreMod>(p);
     else if (var == kBwdLeft)
       bwd_main_kernel<Cfg, kBwdLeft>(p);

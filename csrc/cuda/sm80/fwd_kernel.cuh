@@ -289,21 +289,23 @@ __device__ __forceinline__ float* lse_ptr(const FwdParams& p, int batch, int hea
 
 // A query tile none of whose rows sees a key (causal with Sq > Sk, a window
 // that misses every key): out = 0, lse = -inf (the sink with sinks), without
-// touching shared memory.
-template <class Cfg, bool kPartialD>
+// touching shared memory. Rows [row0, row_end) are written; kPacked: rows from
+// `used` on (past the sequence's seqused_q) get lse = -inf whatever the sink.
+template <class Cfg, bool kPartialD, bool kPacked = false>
 __device__ __forceinline__ void write_empty_tile(const FwdParams& p, typename FwdTraits<Cfg>::Elem* out,
-                                                 float* lse, int row0, int tid, float lse_value) {
+                                                 float* lse, int row0, int tid, float lse_value, int row_end,
+                                                 int used = 0) {
   using Tr = FwdTraits<Cfg>;
   constexpr int kChunksPerRow = Tr::kD / 8;
   for (int i = tid; i < Tr::kBM * kChunksPerRow; i += Tr::kThreads) {
     const int row = row0 + i / kChunksPerRow;
-    if (row < p.seqlen_q && (!kPartialD || (i % kChunksPerRow) * 8 < p.headdim)) {
+    if (row < row_end && (!kPartialD || (i % kChunksPerRow) * 8 < p.headdim)) {
       *reinterpret_cast<uint4*>(out + int64_t(row) * p.o_row_stride + (i % kChunksPerRow) * 8) =
           make_uint4(0u, 0u, 0u, 0u);
     }
   }
   for (int i = tid; i < Tr::kBM; i += Tr::kThreads) {
-    if (row0 + i < p.seqlen_q) lse[row0 + i] = lse_value;
+    if (row0 + i < row_end) lse[row0 + i] = !kPacked || row0 + i < used ? lse_value : -INFINITY;
   }
 }
 
@@ -315,8 +317,14 @@ __device__ __forceinline__ void write_empty_tile(const FwdParams& p, typename Fw
 // move to score units after Q K^T, modify_scores); another instantiation, so that
 // the dense, causal and right-window loop keeps its registers (the left bound's
 // loop limit and mask bound alone make the d128 kernels spill).
-template <class Cfg, bool kPartialD, bool kVariants>
+// kPacked (with kVariants only: one more instantiation, not two): a packed batch
+// (p.packed, csrc/packed_sequences.h). blockIdx.z is the sequence; Sq and Sk below
+// are its used rows, the pointers start at its first rows, and the rows it owns
+// past seqused_q get out = 0, lse = -inf. The dense instantiations keep p's
+// sizes and are unchanged.
+template <class Cfg, bool kPartialD, bool kVariants, bool kPacked>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
+  static_assert(!kPacked || kVariants, "packed batches run on the variants instantiation");
   using Tr = FwdTraits<Cfg>;
   using Elem = typename Tr::Elem;
   using QTile = typename Tr::QTile;
@@ -347,26 +355,53 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   const int row0 = m_block * kBM;                    // first query row of the block
   const int warp_row0 = warp * Cfg::kRowsPerWarp;    // first row of this warp, within the block
 
-  const Elem* q = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
-  const Elem* k = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const Elem* v = static_cast<const Elem*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+  // The sequence's rows: [q_start, q_start + q_len) of q/out/lse, of which the first seqlen_q take part,
+  // and seqlen_k keys from k_start (dense: the whole batch entry).
+  // (Accessors: the dense instantiations read p at each use, as ptxas schedules best; a value held
+  // across the loop makes the kv2 variants kernel spill.)
+  int used_q = 0, used_k = 0, len_q = 0;
+  int64_t q_start = 0, k_start = 0;
+  auto seqlen_q = [&]() -> int { if constexpr (kPacked) return used_q; else return p.seqlen_q; };
+  auto seqlen_k = [&]() -> int { if constexpr (kPacked) return used_k; else return p.seqlen_k; };
+  auto q_len = [&]() -> int { if constexpr (kPacked) return len_q; else return p.seqlen_q; };
+  if constexpr (kPacked) {
+    const SequenceBounds sq = sequence_bounds(p.packed.cu_seqlens_q, p.packed.seqused_q, batch,
+                                              p.packed.total_q, p.seqlen_q);
+    const SequenceBounds sk = sequence_bounds(p.packed.cu_seqlens_k, p.packed.seqused_k, batch,
+                                              p.packed.total_k, p.seqlen_k);
+    if (row0 >= sq.len) return;  // the rows belong to the next sequence (or to no tile)
+    used_q = sq.used;
+    used_k = sk.used;
+    len_q = sq.len;
+    q_start = sq.start;
+    k_start = sk.start;
+  }
+
+  const Elem* q = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride + q_start * p.q_row_stride +
+                  head * p.q_head_stride;
+  const Elem* k = static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + k_start * p.k_row_stride +
+                  kv_head * p.k_head_stride;
+  const Elem* v = static_cast<const Elem*>(p.v) + batch * p.v_batch_stride + k_start * p.v_row_stride +
+                  kv_head * p.v_head_stride;
 
   // The window as bounds on key - row (query row i sees key j iff
   // left_off <= j - i <= right_off; causal is right_off = diag). Key tiles
   // [n_first, n_last] hold every key some real row of the block sees: from the
   // first row's first key to the last row's last key; tiles outside are skipped.
-  const int diag = p.seqlen_k - p.seqlen_q;
+  const int diag = seqlen_k() - seqlen_q();
   const bool has_right = p.causal || p.variants.window_right >= 0;
   const int right_off = diag + (p.causal ? 0 : p.variants.window_right);
   const bool has_left = kVariants && p.variants.window_left >= 0;
   const int left_off = diag - p.variants.window_left;
-  const int row_last = min(p.seqlen_q, row0 + kBM) - 1;
-  const int key_end = has_right ? min(p.seqlen_k, row_last + right_off + 1) : p.seqlen_k;
+  const int row_last = min(seqlen_q(), row0 + kBM) - 1;
+  const int key_end = has_right ? min(seqlen_k(), row_last + right_off + 1) : seqlen_k();
   const int key_begin = has_left ? max(0, row0 + left_off) : 0;
-  if (key_end <= key_begin) {
+  // kPacked: a tile with no used row (row0 >= seqused_q) is empty too.
+  if (key_end <= key_begin || (kPacked && row0 >= seqlen_q())) {
     const float empty_lse = p.variants.sinks != nullptr ? p.variants.sinks[head] : -INFINITY;
-    write_empty_tile<Cfg, kPartialD>(p, output_ptr<Cfg>(p, batch, head), lse_ptr(p, batch, head), row0, tid,
-                                     empty_lse);
+    write_empty_tile<Cfg, kPartialD, kPacked>(p, output_ptr<Cfg>(p, batch, head) + q_start * p.o_row_stride,
+                                              lse_ptr(p, batch, head) + q_start, row0, tid, empty_lse, q_len(),
+                                              seqlen_q());
     return;
   }
   const int n_first = kVariants ? key_begin / kBN : 0;
@@ -374,10 +409,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   // Prologue: Q and the first key tile. Tiles run right to left, so the tiles
   // that need masking (the ragged tail, the diagonal) come first.
   int n = ceil_div(key_end, kBN) - 1;
-  load_tile_async<QTile, kThreads, kPartialD>(sQ, q, p.q_row_stride, row0, p.seqlen_q, p.headdim, tid);
-  load_tile_async<KVTile, kThreads, kPartialD>(sK, k, p.k_row_stride, n * kBN, p.seqlen_k, p.headdim, tid);
+  load_tile_async<QTile, kThreads, kPartialD>(sQ, q, p.q_row_stride, row0, seqlen_q(), p.headdim, tid);
+  load_tile_async<KVTile, kThreads, kPartialD>(sK, k, p.k_row_stride, n * kBN, seqlen_k(), p.headdim, tid);
   if constexpr (Cfg::kKVDoubleBuffer) {
-    load_tile_async<KVTile, kThreads, kPartialD>(sV, v, p.v_row_stride, n * kBN, p.seqlen_k, p.headdim, tid);
+    load_tile_async<KVTile, kThreads, kPartialD>(sV, v, p.v_row_stride, n * kBN, seqlen_k(), p.headdim, tid);
   }
   cp_async_commit();
 
@@ -419,7 +454,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   // Tiles n < n_left reach left of the last row's first key (a left window).
   // Iterating right to left, the right edge comes first, the left edge last;
   // the tiles between are entirely visible to every row of the block.
-  const int visible_end = has_right ? min(p.seqlen_k, row0 + right_off + 1) : p.seqlen_k;
+  const int visible_end = has_right ? min(seqlen_k(), row0 + right_off + 1) : seqlen_k();
   const int n_plain = visible_end > 0 ? visible_end / kBN : 0;
   const int left_need = has_left ? row_last + left_off : 0;
   const int n_left = kVariants && left_need > 0 ? ceil_div(left_need, kBN) : 0;
@@ -449,16 +484,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       // previous step guarantees every warp is done reading it.
       if (n > n_first) {
         const uint32_t other = stage_off ^ KVTile::kBytes;
-        load_tile_async<KVTile, kThreads, kPartialD>(sK + other, k, p.k_row_stride, (n - 1) * kBN, p.seqlen_k, p.headdim,
+        load_tile_async<KVTile, kThreads, kPartialD>(sK + other, k, p.k_row_stride, (n - 1) * kBN, seqlen_k(), p.headdim,
                                           tid);
-        load_tile_async<KVTile, kThreads, kPartialD>(sV + other, v, p.v_row_stride, (n - 1) * kBN, p.seqlen_k, p.headdim,
+        load_tile_async<KVTile, kThreads, kPartialD>(sV + other, v, p.v_row_stride, (n - 1) * kBN, seqlen_k(), p.headdim,
                                           tid);
       }
       cp_async_commit();
     } else {
       // V_n streams in under Q K_n^T; the barrier that ended the previous
       // step guarantees every warp is done with P V_{n+1}.
-      load_tile_async<KVTile, kThreads, kPartialD>(sV, v, p.v_row_stride, n * kBN, p.seqlen_k, p.headdim, tid);
+      load_tile_async<KVTile, kThreads, kPartialD>(sV, v, p.v_row_stride, n * kBN, seqlen_k(), p.headdim, tid);
       cp_async_commit();
     }
 
@@ -476,7 +511,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       if (score_units) modify_scores<Cfg>(s, n * kBN, query0, lane, diag, p.scale, softcap, cap_in, slope);
     }
     if (n >= n_plain || n < n_left) {
-      mask_scores<Cfg, kVariants>(s, n * kBN, query0, lane, p.seqlen_k, has_right, right_off, has_left, left_off);
+      mask_scores<Cfg, kVariants>(s, n * kBN, query0, lane, seqlen_k(), has_right, right_off, has_left, left_off);
     }
 
     if constexpr (!Cfg::kKVDoubleBuffer) {
@@ -485,7 +520,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       cp_async_wait<0>();
       __syncthreads();
       if (n > n_first) {
-        load_tile_async<KVTile, kThreads, kPartialD>(sK, k, p.k_row_stride, (n - 1) * kBN, p.seqlen_k, p.headdim, tid);
+        load_tile_async<KVTile, kThreads, kPartialD>(sK, k, p.k_row_stride, (n - 1) * kBN, seqlen_k(), p.headdim, tid);
       }
       cp_async_commit();
     }
@@ -506,8 +541,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
   // ---- Epilogue: normalise, write lse, stage O through shared memory. ----
   // (Output pointers are formed only now so they hold no registers in the loop.)
-  Elem* out = output_ptr<Cfg>(p, batch, head);
-  float* lse = lse_ptr(p, batch, head);
+  Elem* out = output_ptr<Cfg>(p, batch, head) + q_start * p.o_row_stride;
+  float* lse = lse_ptr(p, batch, head) + q_start;
   const float* sinks = p.variants.sinks;
   const float sink = sinks != nullptr ? sinks[head] : 0.f;
   const float max_scale = score_units ? 1.f : p.scale;  // row_max in score units
@@ -539,7 +574,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         o[mt][nt][2 * h + 1] *= inv;
       }
       const int row = query0 + mt * 16 + (lane >> 2) + 8 * h;
-      if ((lane & 3) == 0 && row < p.seqlen_q) lse[row] = row_lse;
+      if constexpr (kPacked) {
+        // Rows past seqused_q (their Q loaded as zeros) are written as rows that take no part.
+        if (row >= seqlen_q()) {
+          row_lse = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < Tr::kOTiles; ++nt) o[mt][nt][2 * h] = o[mt][nt][2 * h + 1] = 0.f;
+        }
+      }
+      if ((lane & 3) == 0 && row < q_len()) lse[row] = row_lse;
     }
   }
 
@@ -576,7 +619,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       const int row = warp_row0 + pass * kRowsPerPass + lane / kCPB;
       const int chunk = blk * kCPB + lane % kCPB;
       const uint4 val = *reinterpret_cast<const uint4*>(smem + QTile::offset(row, chunk));
-      if (row0 + row < p.seqlen_q && (!kPartialD || chunk * 8 < p.headdim)) {
+      if (row0 + row < q_len() && (!kPartialD || chunk * 8 < p.headdim)) {
         *reinterpret_cast<uint4*>(out + int64_t(row0 + row) * p.o_row_stride + chunk * 8) = val;
       }
     }
@@ -595,16 +638,18 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return cudaSuccess;  // nothing to write
   constexpr int kSmem = int(Cfg::kSmemBytes);
   const bool partial = p.headdim < Cfg::kHeadDim;
+  const bool packed = p.packed.packed();
   const bool mod = p.variants.window_left >= 0 || p.variants.softcap > 0.f || p.variants.alibi_slopes != nullptr;
-  auto* kernel = partial ? (mod ? &fwd_kernel<Cfg, true, true> : &fwd_kernel<Cfg, true, false>)
-                         : (mod ? &fwd_kernel<Cfg, false, true> : &fwd_kernel<Cfg, false, false>);
-  const int which = 2 * int(partial) + int(mod);
+  auto* kernel = packed ? (partial ? &fwd_kernel<Cfg, true, true, true> : &fwd_kernel<Cfg, false, true, true>)
+                 : partial ? (mod ? &fwd_kernel<Cfg, true, true, false> : &fwd_kernel<Cfg, true, false, false>)
+                           : (mod ? &fwd_kernel<Cfg, false, true, false> : &fwd_kernel<Cfg, false, false, false>);
+  const int which = packed ? 4 + int(partial) : 2 * int(partial) + int(mod);
   if (kSmem > 48 * 1024) {
     // Dynamic shared memory beyond 48 KiB must be opted into, per device and kernel.
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
-    static std::atomic<unsigned long long> configured[4] = {{0}, {0}, {0}, {0}};  // one bit per device
+    static std::atomic<unsigned long long> configured[6] = {{0}, {0}, {0}, {0}, {0}, {0}};  // one bit per device
     const unsigned long long bit = dev < 64 ? (1ull << dev) : 0ull;
     if (bit == 0 || (configured[which].load(std::memory_order_acquire) & bit) == 0) {
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);

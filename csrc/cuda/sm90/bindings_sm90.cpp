@@ -54,12 +54,118 @@ const Device& hopper_device(const at::Tensor& q, const char* op) {
   return dev;
 }
 
+// The forward of a packed batch (dims from check_varlen_inputs: batch = sequences, seqlen_q/k = total
+// rows). The value checks of cu_seqlens, max_seqlen and seqused (check_varlen_values) are the caller's
+// (flashop/ops.py, eager only); whatever they hold, the kernels stay inside the tensors
+// (sequence_bounds). Out (total_q, Hq, D), lse (Hq, total_q).
+std::tuple<at::Tensor, at::Tensor> forward_packed(
+    const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const AttentionDims& vdims,
+    double softmax_scale, bool causal, const std::string& config, int64_t window_left, int64_t window_right,
+    double softcap, const c10::optional<at::Tensor>& alibi_slopes, const c10::optional<at::Tensor>& sinks,
+    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+    const c10::optional<at::Tensor>& seqused_q, const c10::optional<at::Tensor>& seqused_k) {
+  const DType dt = check_cuda_inputs(q_in, softmax_scale, kFwd, "sm90");
+  const Sm90FwdKernel& kernel = forward_kernel(config);
+  TORCH_CHECK(kernel.supports_variants, "flashop.forward: kernel config '", config,
+              "' does not run packed batches (cu_seqlens); its HopperConfig.supports_packed is False. Pick another "
+              "config or config=None.");
+  // Sequence b's ALiBi slopes are row b of (batch, heads_q) slopes: vdims.batch is the number of sequences.
+  const AttentionVariants variants =
+      check_variants(vdims, q_in, causal, window_left, window_right, softcap, alibi_slopes, sinks);
+  TORCH_CHECK(softmax_scale != 0.0 || (variants.softcap == 0.f && variants.alibi_slopes == nullptr),
+              "flashop.forward (sm90): softmax_scale = 0 with softcap or alibi_slopes is not supported");
+  TORCH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q < std::numeric_limits<int>::max() &&
+                  max_seqlen_k < std::numeric_limits<int>::max(),
+              "flashop.forward (sm90): max_seqlen_q and max_seqlen_k must be in [0, 2^31)");
+
+  c10::cuda::CUDAGuard guard(q_in.device());
+  const Device& dev = hopper_device(q_in, kFwd);
+  check_kernel_fits(kFwd, config, kernel.dtype, kernel.headdim, kernel.smem_bytes, 90, dt, vdims.headdim, dev,
+                    q_in.device());
+
+  // One batch of total rows: (1, total, H, D) views, out (1, total_q, Hq, D), lse (1, Hq, total_q).
+  const AttentionDims dims{1, vdims.seqlen_q, vdims.seqlen_k, vdims.heads_q, vdims.heads_k, vdims.headdim};
+  at::Tensor out = at::empty({1, dims.seqlen_q, dims.heads_q, dims.headdim}, q_in.options());
+  at::Tensor lse = at::empty({1, dims.heads_q, dims.seqlen_q}, q_in.options().dtype(at::kFloat));
+  if (vdims.batch == 0 || dims.heads_q == 0 || dims.seqlen_q == 0) return {out.squeeze(0), lse.squeeze(0)};
+  if (dims.seqlen_k == 0 || max_seqlen_k == 0 || max_seqlen_q == 0) {
+    // No key anywhere (or a grid without rows): every used row sees nothing (0, lse = -inf or its sink),
+    // every other row is 0 and -inf. (max_seqlen_q = 0 with rows: the checks reject it in eager mode.)
+    out.zero_();
+    lse.fill_(-std::numeric_limits<float>::infinity());
+    if (sinks.has_value() && max_seqlen_q > 0) {
+      const at::Tensor rows = at::arange(dims.seqlen_q, cu_seqlens_q.options().dtype(at::kLong));
+      const at::Tensor cu = cu_seqlens_q.to(at::kLong);
+      const at::Tensor seq = at::searchsorted(cu.slice(0, 1), rows, /*out_int32=*/false, /*right=*/true)
+                                 .clamp_max(vdims.batch - 1);
+      at::Tensor used = cu.slice(0, 1) - cu.slice(0, 0, vdims.batch);
+      if (seqused_q.has_value()) used = at::minimum(used, seqused_q->to(at::kLong));
+      const at::Tensor live = (rows - cu.index_select(0, seq)) < used.index_select(0, seq);
+      const at::Tensor sink_rows = sinks->to(at::kFloat).view({1, dims.heads_q, 1}).expand_as(lse);
+      lse.copy_(at::where(live.view({1, 1, dims.seqlen_q}), sink_rows, lse));
+    }
+    return {out.squeeze(0), lse.squeeze(0)};
+  }
+  check_forward_sizes(dims, "sm90");
+
+  double scale = softmax_scale;  // positive only: see fold_scale_into_q
+  const at::Tensor q = readable(fold_scale_into_q(q_in, scale).unsqueeze(0), kTmaStrides);
+  const at::Tensor k = readable(k_in.unsqueeze(0), kTmaStrides);
+  const at::Tensor v = readable(v_in.unsqueeze(0), kTmaStrides);
+  FwdParams p = make_fwd_params(q, k, v, out, lse, dims, scale, causal, variants);
+  // The sequences: the grid spans max_seqlen_q rows of every sequence; rows are addressed from each
+  // sequence's start (the batch strides are unused).
+  p.batch = static_cast<int>(vdims.batch);
+  p.seqlen_q = static_cast<int>(max_seqlen_q);
+  p.seqlen_k = static_cast<int>(max_seqlen_k);
+  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = p.lse_batch_stride = 0;
+  p.packed.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
+  p.packed.cu_seqlens_k = cu_seqlens_k.data_ptr<int32_t>();
+  p.packed.seqused_q = seqused_q.has_value() ? seqused_q->data_ptr<int32_t>() : nullptr;
+  p.packed.seqused_k = seqused_k.has_value() ? seqused_k->data_ptr<int32_t>() : nullptr;
+  p.packed.total_q = static_cast<int>(dims.seqlen_q);
+  p.packed.total_k = static_cast<int>(dims.seqlen_k);
+
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
+  Sm90FwdPlan plan;
+  cudaError_t err = kernel.plan(p, &plan);
+  TORCH_CHECK(err != cudaErrorNotSupported, "flashop.forward: kernel config '", kernel.name,
+              "' does not run this packed batch (more than 65535 sequences on a one-tile-per-CTA config, or a "
+              "config without the variants build)");
+  TORCH_CHECK(err == cudaSuccess, "flashop.forward: planning kernel '", kernel.name, "' failed: ",
+              cudaGetErrorString(err));
+  at::Tensor workspace;
+  if (plan.workspace_bytes > 0)
+    workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, q.options().dtype(at::kByte));
+  err = kernel.launch(p, plan, plan.workspace_bytes > 0 ? workspace.data_ptr() : nullptr, stream);
+  TORCH_CHECK(err == cudaSuccess, "flashop.forward: launching kernel '", kernel.name, "' failed: ",
+              cudaGetErrorString(err));
+  return {out.squeeze(0), lse.squeeze(0)};
+}
+
 std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                            double softmax_scale, bool causal, const std::string& config,
                                            int64_t window_left, int64_t window_right, double softcap,
                                            const c10::optional<at::Tensor>& alibi_slopes,
-                                           const c10::optional<at::Tensor>& sinks) {
-  const AttentionDims dims = check_forward_inputs(q_in, k_in, v_in);
+                                           const c10::optional<at::Tensor>& sinks,
+                                           const c10::optional<at::Tensor>& cu_seqlens_q,
+                                           const c10::optional<at::Tensor>& cu_seqlens_k,
+                                           c10::optional<int64_t> max_seqlen_q, c10::optional<int64_t> max_seqlen_k,
+                                           const c10::optional<at::Tensor>& seqused_q,
+                                           const c10::optional<at::Tensor>& seqused_k) {
+  // Packed batch (csrc/packed_sequences.h): q (total_q, Hq, D), k and v (total_k, Hk, D); the kernels see
+  // them as one batch of total rows (the unsqueezed views below), the params carry the sequences.
+  const bool packed = cu_seqlens_q.has_value();
+  TORCH_CHECK(packed == cu_seqlens_k.has_value() && packed == max_seqlen_q.has_value() &&
+                  packed == max_seqlen_k.has_value() && (packed || (!seqused_q.has_value() && !seqused_k.has_value())),
+              "flashop.forward (sm90): a packed batch takes cu_seqlens_q, cu_seqlens_k, max_seqlen_q and "
+              "max_seqlen_k together (seqused_q/k only with them)");
+  const AttentionDims dims =
+      packed ? check_varlen_inputs(q_in, k_in, v_in, VarlenArgs{*cu_seqlens_q, *cu_seqlens_k, seqused_q, seqused_k})
+             : check_forward_inputs(q_in, k_in, v_in);
+  if (packed) return forward_packed(q_in, k_in, v_in, dims, softmax_scale, causal, config, window_left, window_right,
+                                    softcap, alibi_slopes, sinks, *cu_seqlens_q, *cu_seqlens_k, *max_seqlen_q,
+                                    *max_seqlen_k, seqused_q, seqused_k);
   const DType dt = check_cuda_inputs(q_in, softmax_scale, kFwd, "sm90");
   const Sm90FwdKernel& kernel = forward_kernel(config);
   // The checks and normal form of every backend (csrc/checks.cpp): causal becomes exactly the (-1, 0) window.
@@ -180,10 +286,16 @@ PYBIND11_MODULE(_C_sm90, m) {
   m.def("forward", &glue::forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("softmax_scale"),
         py::arg("causal"), py::arg("config"), py::arg("window_left") = -1, py::arg("window_right") = -1,
         py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
+        py::arg("cu_seqlens_q") = py::none(), py::arg("cu_seqlens_k") = py::none(),
+        py::arg("max_seqlen_q") = py::none(), py::arg("max_seqlen_k") = py::none(),
+        py::arg("seqused_q") = py::none(), py::arg("seqused_k") = py::none(),
         "FlashAttention forward on sm_90a. Arguments and result as flashop._C.forward; config: a name from "
         "built_forward_configs(). window_left / window_right (-1: unbounded; causal is (-1, 0)), softcap "
         "(0: off), alibi_slopes (float32 (heads_q,) or (batch, heads_q)) and sinks (float32 (heads_q,)): "
-        "csrc/attention_variants.h; a config whose HopperConfig.supports_variants is False refuses them.");
+        "csrc/attention_variants.h; a config whose HopperConfig.supports_variants is False refuses them. "
+        "Packed batch: cu_seqlens_q/k (int32 (batch + 1,)), max_seqlen_q/k and optional seqused_q/k (int32 "
+        "(batch,)) with q (total_q, Hq, D), k and v (total_k, Hk, D); returns out (total_q, Hq, D) and lse "
+        "(Hq, total_q); the values are the caller's to check (csrc/checks.h check_varlen_values).");
   m.def("built_forward_configs", &glue::built_forward_configs,
         "Names of the sm90 forward kernel configs compiled into this module, in registry order.");
   m.def("forward_config_smem", &glue::forward_config_smem, py::arg("name"),

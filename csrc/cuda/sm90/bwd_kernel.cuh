@@ -37,7 +37,8 @@
 // Not deterministic (dQ atomics): the glue routes deterministic=True to the mma.sync kernels.
 // Block order: blockIdx (x, y, z) = (key tile, kv head, batch); the ".lpt" build Sm90BwdLpt<traits> takes a
 // causal problem's blocks longest first instead ("block order" below).
-// Tile widths 160 .. 256: bwd_kernel_sm90_wide below (64 keys per CTA, the consumers split the columns).
+// Tile widths 160 .. 256: bwd_kernel_sm90_wide below (64 keys per CTA, the consumers split the columns);
+// at 192 also bwd_kernel_sm90_wide_keys (96 keys per CTA, the consumers split the keys).
 // Windows, softcap and ALiBi: the second instantiation Sm90BwdVariants<traits> of both kernels (query-tile
 // range from both window bounds, bwd_variant_probs for P and softcap's dS factor); see "attention
 // variants" below.
@@ -63,6 +64,7 @@ struct Sm90BwdTraits {
   static constexpr bool kBf16 = kBf16_;
   static constexpr int kHeadDim = kHeadDim_;  // the tile width: 64, 96 or 128
   static constexpr bool kWide = false;        // bwd_kernel_sm90 (Sm90BwdWideTraits: bwd_kernel_sm90_wide)
+  static constexpr bool kKeySplit = false;    // see Sm90BwdWideTraits
   // The attention variants are a second instantiation, Sm90BwdVariants<traits> (below).
   static constexpr bool kVariants = false;
   static constexpr bool kSupportsVariants = true;
@@ -155,6 +157,15 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t 
 #ifdef FLASHOP_SM90_ENABLED
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]),
                "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+#endif
+}
+
+// Four 8x8 16-bit matrices (row r of matrix i from lane 8i + r's address).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
                : "memory");
 #endif
 }
@@ -643,16 +654,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 // 2 stages x 512 B: D = 256 226 KiB, D = 192 177 KiB (+ barriers + 1 KiB alignment slack).
 // Head dimension: as bwd_kernel_sm90 (TMA maps' dim 0 = p.headdim zero-fills the columns past it;
 // dK/dV stores and dQ adds skip the n8 blocks at or past p.headdim).
-template <bool kBf16_, int kHeadDim_>
+// kBlockN_ = 96 (D = 192 only): bwd_kernel_sm90_wide_keys below, the consumers split the keys.
+template <bool kBf16_, int kHeadDim_, int kBlockN_ = 64>
 struct Sm90BwdWideTraits {
   static constexpr bool kBf16 = kBf16_;
   static constexpr int kHeadDim = kHeadDim_;  // the tile width: 160, 192, 224 or 256
   static constexpr bool kWide = true;
+  static constexpr bool kKeySplit = kBlockN_ == 96;  // bwd_kernel_sm90_wide_keys
   static constexpr bool kVariants = false;  // see Sm90BwdTraits
-  static constexpr bool kSupportsVariants = true;
+  static constexpr bool kSupportsVariants = !kKeySplit;
   static constexpr bool kLongestFirst = false;  // see Sm90BwdTraits
   static_assert(kHeadDim == 160 || kHeadDim == 192 || kHeadDim == 224 || kHeadDim == 256,
                 "the sm90 wide backward takes D = 160, 192, 224 or 256");
+  static_assert(kBlockN_ == 64 || (kBlockN_ == 96 && kHeadDim == 192), "B_c = 64, or 96 at D = 192");
   static constexpr int kHalf = kHeadDim / 2;  // columns of dK, dV, dQ per consumer
   static constexpr int kColBlock = kHalf % 64 == 0 ? 64 : kHalf % 32 == 0 ? 32 : 16;
   static constexpr int kRowBytes = 2 * kColBlock;
@@ -660,7 +674,7 @@ struct Sm90BwdWideTraits {
   static constexpr int kDBlocks = kHeadDim / kColBlock;
   static constexpr int kHalfBlocks = kHalf / kColBlock;
   static constexpr int kKColBlock = kColBlock;  // the launcher's K map (K and V alike here)
-  static constexpr int kBlockN = 64;  // keys per CTA: at 128, dV + dK would be D (160-256) fp32 registers per thread
+  static constexpr int kBlockN = kBlockN_;  // keys per CTA: at 128, dV + dK would be D (160-256) fp32 registers per thread
   static constexpr int kBlockM = 64;             // queries per step (32 per consumer in S^T, dP^T)
   static constexpr int kStages = 2;
   static constexpr int kThreads = 384;
@@ -668,7 +682,10 @@ struct Sm90BwdWideTraits {
   static constexpr int kConsumerRegs = 240;
   static constexpr uint32_t kKVBlock = kBlockN * kRowBytes;  // a column block of K or V
   static constexpr uint32_t kQBlock = kBlockM * kRowBytes;   // a column block of Q or dO
-  static constexpr uint32_t kPBlock = kBlockM * kBlockN * 2;  // P or dS: [query][key], 128-byte rows
+  static constexpr uint32_t kPBlock = kBlockM * kBlockN * 2;  // P or dS: [query][key], 128-byte rows (B_c 96: kSBlock)
+  // B_c = 96: P and dS are blocks of 16 keys (32-byte rows, 32B swizzle, 256-byte atoms), so that each
+  // consumer's 48 keys are three whole blocks of the MN-major B operand (as K's at D = 96 in Sm90BwdTraits).
+  static constexpr uint32_t kSBlock = kBlockM * 16 * 2;
   static constexpr uint32_t kKVTile = kDBlocks * kKVBlock;
   static constexpr uint32_t kQTile = kDBlocks * kQBlock;
   static constexpr uint32_t kKOff = 0;
@@ -960,6 +977,317 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
   }
+#endif
+}
+
+// ------------------------------------------------------------------ wide tiles, 96 keys (D = 192)
+// Sm90BwdWideTraits<kBf16, 192, 96>: 96 keys per CTA, half again as many as bwd_kernel_sm90_wide, so a third
+// fewer dQ atomics and Q, dO, lse, D loads per key. An m64 wgmma cannot have 96 keys as its M, so the
+// consumers split the keys (48 each) rather than the columns of dK and dV, and those are computed
+// transposed, with D as M (three m64 tiles):
+//   S_c  = Q K_c^T, dP_c = dO V_c^T          SS wgmma m64n48: the 64 queries x keys 48c .. 48c+47
+//   P_c, dS_c in registers -> shared memory ([query][key], 16-key blocks, 32B swizzle, stmatrix)
+//   dV^T_c += dO^T P_c                      SS wgmma m64n48 x 3, A = dO MN-major, B = P MN-major, K = 64 queries
+//   dK^T_c += Q^T dS_c                      SS wgmma m64n48 x 3 (as dV)
+//   dQ[:, half c] = dS K[:, half c]         SS wgmma m64n96, A = dS K-major over the 96 keys (both
+//                                           consumers' blocks: a barrier over 256 threads), B = K MN-major
+// Registers per consumer thread: dV^T, dK^T 72 each, S, dP 24 each, dQ 48 (S, dP dead before dQ is live).
+// Shared memory: K, V 96 x 192 each (72 KiB); Q, dO 2 stages x 24 KiB each; P, dS 2 buffers x 12 KiB each;
+// lse/D 1 KiB: 217 KiB + barriers + 1 KiB alignment slack. dK and dV leave through a free Q or dO stage
+// (transposed by stmatrix.trans), in 16-byte stores.
+// The attention variants are not built for it (kSupportsVariants false); .lpt takes it as any wide build.
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    bwd_kernel_sm90_wide_keys(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                              const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                              const __grid_constant__ BwdParams p) {
+#ifdef FLASHOP_SM90_ENABLED
+  constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kD = T::kHeadDim, kH = T::kHalf;
+  constexpr int kNK = kBN / 2;         // keys per consumer: 48
+  constexpr int kMT = kD / 64;         // m64 tiles of dV^T, dK^T: 3
+  constexpr int kMB = 64 / T::kColBlock;  // column blocks per m64 tile: 2
+  static_assert(T::kKeySplit && kNK == 48 && kD % 64 == 0 && T::kSBlock == 2048, "B_c = 96 at D = 192");
+  using Elem = typename std::conditional<T::kBf16, __nv_bfloat16, __half>::type;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = base + T::kKOff, sV = base + T::kVOff;
+  const uint32_t bar_kv = base + T::kBarOff;
+  auto bar_full = [&](int s) { return bar_kv + 8u * (1 + s); };
+  auto bar_empty = [&](int s) { return bar_kv + 8u * (1 + T::kStages + s); };
+
+  const BwdBlock block = bwd_block<T>(p);
+  const int n_block = block.n_block, hk = block.hk, b = block.b;
+  const int key0 = n_block * kBN;
+  int m_first, per_head;  // query tiles m_first .. m_first + per_head - 1 of each query head
+  bwd_query_tiles<T>(p, key0, m_first, per_head);
+  const int total = per_head * p.head_ratio;  // steps: (query head of the group, query tile)
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) {
+    tma_prefetch_desc(&tm_q);
+    tma_prefetch_desc(&tm_k);
+    tma_prefetch_desc(&tm_v);
+    tma_prefetch_desc(&tm_do);
+    mbar_init(bar_kv, 1);
+    for (int s = 0; s < T::kStages; ++s) {
+      mbar_init(bar_full(s), 1);
+      mbar_init(bar_empty(s), T::kThreads - 128);  // one arrival per consumer thread
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer (as bwd_kernel_sm90_wide's)
+    setmaxnreg_dec<T::kProducerRegs>();
+    if (tid == 0 && total > 0) {
+      mbar_arrive_expect_tx(bar_kv, 2 * T::kKVTile);
+      for (int h = 0; h < T::kDBlocks; ++h) {
+        tma_load_4d(&tm_k, sK + h * T::kKVBlock, bar_kv, T::kColBlock * h, key0, hk, b);
+        tma_load_4d(&tm_v, sV + h * T::kKVBlock, bar_kv, T::kColBlock * h, key0, hk, b);
+      }
+      for (int it = 0; it < total; ++it) {
+        const int s = it % T::kStages;
+        const uint32_t use = it / T::kStages;
+        if (use > 0) mbar_wait(bar_empty(s), (use - 1) & 1);
+        const int hq = hk * p.head_ratio + it / per_head;
+        const int m = m_first + it % per_head;
+        const uint32_t full = bar_full(s);
+        mbar_arrive_expect_tx(full, T::kStepTxBytes);
+        const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
+        for (int h = 0; h < T::kDBlocks; ++h) {
+          tma_load_4d(&tm_q, sQ + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
+          tma_load_4d(&tm_do, sDO + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
+        }
+        // The workspaces are padded to kBwdSeqQPad rows: the whole tile is in bounds.
+        const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + int64_t(m) * kBM;
+        bulk_load(base + T::kLseOff + s * kBM * 4, p.lse_log2 + row, kBM * 4, full);
+        bulk_load(base + T::kDsumOff + s * kBM * 4, p.dsum + row, kBM * 4, full);
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------- consumer
+  setmaxnreg_inc<T::kConsumerRegs>();
+  const int c = wg - 1;  // keys 48c .. 48c+47 of S, dP, dV, dK; columns kH c .. kH c + kH-1 of dQ
+  const int ctid = tid - 128 * wg;
+  const int warp = ctid / 32, lane = ctid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int row_lo = 16 * warp + g;             // S, dP rows (queries of the step): row_lo, row_lo + 8
+  const int key_lo = key0 + kNK * c + 2 * t;    // S, dP columns of n8 block i: key_lo + 8i (+1)
+  constexpr int kSB = kNK / 16;                 // this consumer's 16-key blocks of P and dS: 3
+  const uint32_t sblk_c = c * kSB * T::kSBlock;  // their offset
+
+  float acc_dv[kMT][kNK / 2], acc_dk[kMT][kNK / 2];
+#pragma unroll
+  for (int r = 0; r < kMT; ++r)
+#pragma unroll
+    for (int i = 0; i < kNK / 2; ++i) acc_dv[r][i] = acc_dk[r][i] = 0.f;
+
+  if (total > 0) mbar_wait(bar_kv, 0);
+  const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
+
+  for (int it = 0; it < total; ++it) {
+    const int s = it % T::kStages;
+    const int hq = hk * p.head_ratio + it / per_head;
+    const int m = m_first + it % per_head;
+    const int q0 = m * kBM;
+    const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
+    const uint32_t sP = base + T::kPOff + (it & 1) * T::kPBlock, sDS = base + T::kDSOff + (it & 1) * T::kPBlock;
+    mbar_wait(bar_full(s), (it / T::kStages) & 1);
+
+    // S = Q K_c^T and dP = dO V_c^T over D (K-major both): A = the 64 rows of Q or dO, B = rows
+    // 48c .. 48c+47 of K or V (six atoms into each column block).
+    auto gemm_nt = [&](float (&acc)[kNK / 2], uint32_t sA, uint32_t sB) {
+      constexpr int kSteps = T::kColBlock / 16;
+#pragma unroll
+      for (int k = 0; k < kD / 16; ++k) {
+        const uint32_t koff = (k % kSteps) * 32;
+        wgmma_ss<T::kBf16, kNK, 0>(
+            acc, bwd_tile_desc<T::kRowBytes>(sA + (k / kSteps) * T::kQBlock + koff, 16),
+            bwd_tile_desc<T::kRowBytes>(sB + (k / kSteps) * T::kKVBlock + kNK * c * T::kRowBytes + koff, 16), k > 0);
+      }
+      wgmma_commit();
+    };
+    float sp[kNK / 2], dp[kNK / 2];
+    wgmma_fence();
+    gemm_nt(sp, sQ, sK);
+    gemm_nt(dp, sDO, sV);
+
+    // 16-bit fragments of an m64n48 accumulator, 16 keys (two n8 blocks) per x4: r = 0: block 2j rows g;
+    // 1: block 2j rows g+8; 2, 3: block 2j+1. stmatrix (not transposed) stores them as [query][key]:
+    // matrix mi holds queries 16 warp + 8 (mi % 2) .. +7 x keys 16j + 8 (mi / 2) .. +7, the 16-byte chunk
+    // mi / 2 of the 32-byte row of 16-key block j (32B swizzle: chunk ^= bit 2 of the row).
+    auto fragment = [](const float (&acc)[kNK / 2], int j, int r) {
+      const int idx = 4 * (2 * j + r / 2) + 2 * (r % 2);
+      return pack2<T::kBf16>(acc[idx], acc[idx + 1]);
+    };
+    auto store = [&](uint32_t buf, const float (&acc)[kNK / 2]) {
+      const int mi = lane / 8, r = lane % 8;
+      const int q = 16 * warp + 8 * (mi % 2) + r;
+      const uint32_t off = q * 32 + (((mi / 2) ^ ((q >> 2) & 1)) << 4);
+#pragma unroll
+      for (int j = 0; j < kSB; ++j) {
+        uint32_t fr[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) fr[k] = fragment(acc, j, k);
+        stmatrix_x4(buf + sblk_c + j * T::kSBlock + off, fr);
+      }
+    };
+
+    // P while dP runs. Rows (queries) q0 + row_lo (+8): lse and D are one value per row.
+    wgmma_wait<1>();
+    fence_regs(sp);
+    const uint32_t sLse = base + T::kLseOff + s * kBM * 4 + row_lo * 4;
+    const uint32_t sDsum = base + T::kDsumOff + s * kBM * 4 + row_lo * 4;
+    {
+      float lse[2];
+      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(lse[0]) : "r"(sLse));
+      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(lse[1]) : "r"(sLse + 32));
+      // Element (i, e) is key key_lo + 8i + (e & 1) of row h = e >> 1: visible iff 8i + (e & 1) <= last[h]
+      // (key < Sk, and causal key <= query + Sk - Sq), so that the masks compare immediates.
+      int last[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int64_t l = int64_t(p.seqlen_k) - 1 - key_lo;
+        if (p.causal) l = min(l, int64_t(q0) + row_lo + 8 * h + causal_shift - key_lo);
+        last[h] = static_cast<int>(max(min(l, int64_t(kNK)), int64_t(-1)));
+      }
+#pragma unroll
+      for (int i = 0; i < kNK / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x = exp2f(sp[4 * i + e] * p.scale_log2 - lse[e >> 1]);
+          sp[4 * i + e] = 8 * i + (e & 1) <= last[e >> 1] ? x : 0.f;  // P from here on
+        }
+      }
+    }
+    store(sP, sp);
+    fence_proxy_async_smem();
+    // This consumer's keys of P written (it alone reads them).
+    if (c == 0) named_bar_sync<2, 128>();
+    else named_bar_sync<3, 128>();
+    // dV^T[64r .. 64r+63, keys of c] += dO^T P_c: A = dO's column blocks 2r, 2r+1 (MN-major, blocks kQBlock
+    // apart; 16 query rows per k step = two atoms), B = P's blocks of c (MN-major, blocks kSBlock apart).
+    wgmma_fence();
+#pragma unroll
+    for (int r = 0; r < kMT; ++r)
+#pragma unroll
+      for (int j = 0; j < kBM / 16; ++j)
+        wgmma_ss<T::kBf16, kNK, 1, 1>(
+            acc_dv[r], bwd_tile_desc<T::kRowBytes>(sDO + kMB * r * T::kQBlock + j * 2 * T::kAtomBytes, T::kQBlock),
+            make_desc_sw32(sP + sblk_c + j * 512, T::kSBlock, 256), 1);
+    wgmma_commit();
+
+    wgmma_wait<1>();  // dP done (dV may still run)
+    fence_regs(dp);
+    {
+      float dsum[2];
+      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(dsum[0]) : "r"(sDsum));
+      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(dsum[1]) : "r"(sDsum + 32));
+#pragma unroll
+      for (int i = 0; i < kNK / 2; ++i) dp[i] = sp[i] * (dp[i] - dsum[(i >> 1) & 1]);  // dS
+    }
+    store(sDS, dp);
+    fence_proxy_async_smem();
+    named_bar_sync<1, 256>();  // both consumers' keys of dS written
+    // dQ[:, half c] = dS K[:, half c]: A = dS K-major over the 96 keys (one 16-key block per k step),
+    // B = K's column blocks of half c (MN-major: 16 key rows per k step, blocks kKVBlock apart). Then
+    // dK^T += Q^T dS_c (as dV), two commit groups so that the dQ atomics issue while dK runs.
+    float dq[kH / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kBN / 16; ++k)
+      wgmma_ss<T::kBf16, kH, 1>(dq, make_desc_sw32(sDS + k * T::kSBlock, 16, 256),
+                                bwd_tile_desc<T::kRowBytes>(sK + c * T::kHalfBlocks * T::kKVBlock + k * 16 * T::kRowBytes,
+                                                            T::kKVBlock),
+                                k > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int r = 0; r < kMT; ++r)
+#pragma unroll
+      for (int j = 0; j < kBM / 16; ++j)
+        wgmma_ss<T::kBf16, kNK, 1, 1>(
+            acc_dk[r], bwd_tile_desc<T::kRowBytes>(sQ + kMB * r * T::kQBlock + j * 2 * T::kAtomBytes, T::kQBlock),
+            make_desc_sw32(sDS + sblk_c + j * 512, T::kSBlock, 256), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // dV and dQ done (dK may still run)
+    fence_regs(dq);
+
+    // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped; the n8 blocks at or past
+    // the head dimension hold zeros and are not added).
+    float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD + kH * c;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row_lo + 8 * h;
+      if (q0 + row < p.seqlen_q) {
+#pragma unroll
+        for (int i = 0; i < kH / 8; ++i) {
+          if (kH * c + 8 * i >= p.headdim) break;
+          red_add_v2(gacc + row * kD + 8 * i + 2 * t, dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
+        }
+      }
+    }
+
+    wgmma_wait<0>();
+#pragma unroll
+    for (int r = 0; r < kMT; ++r) {
+      fence_regs(acc_dv[r]);
+      fence_regs(acc_dk[r]);
+    }
+    // Every read of this stage's Q, dO, lse, D is done: hand it back to the producer.
+    mbar_arrive(bar_empty(s));
+  }
+
+  // dK^T * scale and dV^T through shared memory into [key][column] rows, then 16-byte stores. Consumer c
+  // stages its 48 keys in the Q (c = 0) or dO (c = 1) stage of the ring that the last step did not use
+  // (total % 2; no load is pending there, and both consumers finished reading it before the last step's
+  // barrier): rows of 2D + 16 bytes, so that the eight rows of an stmatrix land in distinct banks.
+  constexpr uint32_t kOutRow = 2 * kD + 16;
+  static_assert(kNK * kOutRow <= T::kQTile, "a consumer's dK or dV rows fit one Q stage");
+  const uint32_t sOut = base + (c == 0 ? T::kQOff : T::kDOOff) + (total % 2) * T::kQTile;
+  auto write_out = [&](const float (&acc)[kMT][kNK / 2], float scale, void* out, int64_t batch_stride,
+                       int64_t head_stride, int64_t row_stride) {
+    // stmatrix.x4.trans of 16 keys (n8 blocks 2j, 2j+1) x 16 columns of m64 tile r: matrix mi holds columns
+    // 64r + 16 warp + 8 (mi % 2) .. +7 of keys 16j + 8 (mi / 2) .. +7, row lane % 8 of it from this lane.
+    const int mi = lane / 8;
+#pragma unroll
+    for (int r = 0; r < kMT; ++r)
+#pragma unroll
+      for (int j = 0; j < kSB; ++j) {
+        uint32_t fr[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int idx = 4 * (2 * j + k / 2) + 2 * (k % 2);
+          fr[k] = pack2<T::kBf16>(acc[r][idx] * scale, acc[r][idx + 1] * scale);
+        }
+        const int key = 16 * j + 8 * (mi / 2) + lane % 8;
+        stmatrix_x4_trans(sOut + key * kOutRow + (64 * r + 16 * warp + 8 * (mi % 2)) * 2, fr);
+      }
+    if (c == 0) named_bar_sync<2, 128>();
+    else named_bar_sync<3, 128>();
+    Elem* gout = static_cast<Elem*>(out) + int64_t(b) * batch_stride + int64_t(hk) * head_stride;
+    constexpr int kChunks = kD / 8;  // 16-byte chunks of a row
+#pragma unroll 1
+    for (int idx = ctid; idx < kNK * kChunks; idx += 128) {
+      const int key = idx / kChunks, col = 8 * (idx % kChunks);
+      const int gkey = key0 + kNK * c + key;
+      if (gkey < p.seqlen_k && col < p.headdim) {
+        uint32_t v0, v1, v2, v3;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                     : "r"(sOut + key * kOutRow + col * 2));
+        *reinterpret_cast<uint4*>(gout + int64_t(gkey) * row_stride + col) = make_uint4(v0, v1, v2, v3);
+      }
+    }
+    if (c == 0) named_bar_sync<2, 128>();  // the rows are read before the next tensor's overwrite them
+    else named_bar_sync<3, 128>();
+  };
+  write_out(acc_dk, p.scale, p.dk, p.dk_batch_stride, p.dk_head_stride, p.dk_row_stride);
+  write_out(acc_dv, 1.f, p.dv, p.dv_batch_stride, p.dv_head_stride, p.dv_row_stride);
 #endif
 }
 

@@ -24,7 +24,8 @@ template <class K>
 cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                             const CUtensorMap& tdo, cudaStream_t stream) {
   auto kernel = [] {
-    if constexpr (K::kWide) return bwd_kernel_sm90_wide<K>;
+    if constexpr (K::kWide && K::kKeySplit) return bwd_kernel_sm90_wide_keys<K>;
+    else if constexpr (K::kWide) return bwd_kernel_sm90_wide<K>;
     else return bwd_kernel_sm90<K>;
   }();
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
@@ -39,7 +40,7 @@ cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUt
 template <class T>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   // The aux kernels read only the head dimension and dtype of their config.
-  using Aux = BwdConfig<T::kBf16 ? DType::kBf16 : DType::kFp16, T::kHeadDim, T::kBlockN, T::kBlockM, 8>;
+  using Aux = BwdConfig<T::kBf16 ? DType::kBf16 : DType::kFp16, T::kHeadDim, T::kWide ? 64 : T::kBlockN, T::kBlockM, 8>;
   if (p.deterministic || !sm80::bwd::bwd_params_ok<Aux>(p)) return cudaErrorInvalidValue;  // incl. headdim
   const bool variants = bwd_variants_requested(p.variants);
   if (variants && !T::kSupportsVariants) return cudaErrorNotSupported;

@@ -88,7 +88,8 @@ __device__ __forceinline__ void fwd_consumer(const FwdSmem<T> smem, FwdTileSched
   float m[2];
   float l[2];  // per-thread partial row sums (reduced over the quad at the end)
   const float sl2 = p.scale_log2;
-  const int diag = p.seqlen_k - p.seqlen_q;  // query i sees key j iff j <= i + diag
+  // query i sees key j iff j <= i + diag. T::kVariants: the tile's sequence's (packed batches), set per tile.
+  int diag = p.seqlen_k - p.seqlen_q;
 
   // Narrow last key tile: a tile's last key tile often holds fewer than B_c visible keys (2048 keys
   // in 192-key tiles: 11 tiles, the last with 128). There P V runs only over the 64-key blocks that
@@ -116,10 +117,12 @@ __device__ __forceinline__ void fwd_consumer(const FwdSmem<T> smem, FwdTileSched
   // then all 0). Computed where needed rather than kept live through the loop. T::kVariants: the
   // right window bound in place of the diagonal (the left one never narrows the last tile).
   auto last_tile_keys = [&]() {
-    int key_end = p.seqlen_k;
+    int key_end = sched.seqlen_k();
     if constexpr (T::kVariants) {
       const int wr = p.variants.window_right;
-      if (wr >= 0) key_end = min(key_end, min(q_tile * kBM + 64 * c + 63, p.seqlen_q - 1) + diag + wr + 1);
+      // (the sequence's used queries: sched.seqlen_k() - diag, which keeps used_q out of the loop)
+      if (wr >= 0)
+        key_end = min(key_end, min(q_tile * kBM + 64 * c + 63, sched.seqlen_k() - diag - 1) + diag + wr + 1);
     } else {
       if (p.causal) key_end = min(key_end, min(q_tile * kBM + 64 * c + 63, p.seqlen_q - 1) + diag + 1);
     }
@@ -139,18 +142,18 @@ __device__ __forceinline__ void fwd_consumer(const FwdSmem<T> smem, FwdTileSched
       // from the warpgroup's first row would be one more register through the loop.
       const bool edge =
           (wr >= 0 && key0 + kBN - 1 > q_row0 + diag + wr) || (wl >= 0 && key0 < q_row0 + 8 + diag - wl);
-      const bool need_mask = (key0 + kBN > p.seqlen_k) || __any_sync(0xffffffffu, edge);
+      const bool need_mask = (key0 + kBN > sched.seqlen_k()) || __any_sync(0xffffffffu, edge);
       if (need_mask) {
         // Tile-uniform parts of the bounds (relative to key0) apart from the thread's row and column.
-        const int right = wr >= 0 ? diag + wr - key0 : p.seqlen_k;
-        const int left = wl >= 0 ? diag - wl - key0 : -p.seqlen_q - kBM;
+        const int right = wr >= 0 ? diag + wr - key0 : sched.seqlen_k();
+        const int left = wl >= 0 ? diag - wl - key0 : diag - sched.seqlen_k() - kBM;  // -Sq - kBM: none
         // col_base again from %laneid: ptxas would otherwise hoist q_row0 - col_base out of the loop
         // into a register of its own (spilled in the d256 B_c = 80 kernel).
         const int col = 2 * (lane_id_volatile() % 4);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // one row at a time: two bounds live, not four
           const int x = q_row0 + 8 * h - col;
-          const int hi = min(p.seqlen_k - 1 - key0 - col, x + right);
+          const int hi = min(sched.seqlen_k() - 1 - key0 - col, x + right);
           const int lo = x + left;
 #pragma unroll
           for (int i = 0; i < kBN / 8; ++i) {
@@ -279,6 +282,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdSmem<T> smem, FwdTileSched
     }
     sQ = smem.q_buffer(k);
     q_row0 = q_tile * kBM + row_in_tile;
+    if constexpr (T::kVariants) diag = sched.seqlen_k() - sched.seqlen_q();
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
     m[0] = -INFINITY;
@@ -371,7 +375,9 @@ __device__ __forceinline__ void fwd_consumer(const FwdSmem<T> smem, FwdTileSched
     }
 
     // ------------------------------------------------------------ epilogue
-    float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+    if constexpr (T::kVariants) sched.set_sequence();  // q_start, len_q, used_q again (see set_sequence)
+    // Packed: lse is (Hq, total_q), the sequence's rows from q_start on (lse_batch_stride 0).
+    float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + sched.q_row_base();
     if constexpr (T::kSplitTail) {
       if (sched.is_piece_cta() && !epi.finish_piece()) return;
     }

@@ -162,9 +162,15 @@ struct FwdEpilogue {
   // ms = m * scale, mx = max(ms, sink): lse = mx + log(sum exp(ms - mx) + exp(sink - mx)), and
   // O / (sum + exp(sink - ms)) = O * exp(ms - mx) / (sum exp(ms - mx) + exp(sink - mx)). No visible
   // key: inv = 0 (as without sinks), lse = sink. (The dense kernel keeps its own expressions inline.)
-  __device__ __forceinline__ void variants_row(int h, float sum, bool seen, float& inv, float& lse_row) const {
+  // Packed batches: a row past its sequence's seqlen_q (seqused_q) is not live: out = 0 (a select, not
+  // a product: its q row may hold anything), lse = -inf, sinks or not.
+  __device__ __forceinline__ void variants_row(int h, int row, float sum, bool seen, float& inv, float& lse_row,
+                                               bool& live) const {
+    live = row < sched.seqlen_q();
     lse_row = seen ? m[h] * p.scale + __logf(sum) : -INFINITY;
-    if (p.variants.sinks != nullptr) {
+    if (!live) {
+      lse_row = -INFINITY;
+    } else if (p.variants.sinks != nullptr) {
       const float sink = p.variants.sinks[sched.head];
       if (!seen) {
         lse_row = sink;
@@ -179,12 +185,18 @@ struct FwdEpilogue {
     }
   }
 
+  // Two output columns of a row: O / l, or zeros where the row is not live (T::kVariants; constant true
+  // in the dense kernel).
+  __device__ __forceinline__ uint32_t out_pair(float a, float b, float inv, bool live) const {
+    return pack2<T::kBf16>(live ? a * inv : 0.f, live ? b * inv : 0.f);
+  }
+
   // O /= l and lse from registers straight to global memory (rows < Sq, columns < headdim: n8 block i
   // holds columns 8i .. 8i+7 and headdim is a multiple of 8, so one uniform compare per block).
   __device__ __forceinline__ void store_o_regs(float* lse) const {
     const int n8 = p.headdim / 8;
-    Elem* out =
-        reinterpret_cast<Elem*>(p.out) + sched.batch * p.o_batch_stride + sched.head * p.o_head_stride;
+    Elem* out = reinterpret_cast<Elem*>(p.out) + sched.batch * p.o_batch_stride + sched.head * p.o_head_stride +
+                static_cast<int64_t>(sched.q_row_base()) * p.o_row_stride;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = q_row0 + 8 * h;
@@ -192,12 +204,13 @@ struct FwdEpilogue {
       const bool seen = sum > 0.f;  // no visible key: out = 0, lse = -inf
       float inv = seen ? 1.f / sum : 0.f;
       float lse_row = 0.f;
-      if constexpr (T::kVariants) variants_row(h, sum, seen, inv, lse_row);
-      if (row < p.seqlen_q) {
+      bool live = true;
+      if constexpr (T::kVariants) variants_row(h, row, sum, seen, inv, lse_row, live);
+      if (row < sched.rows_q()) {
         Elem* orow = out + static_cast<int64_t>(row) * p.o_row_stride;
 #pragma unroll
         for (int i = 0; i < kD / 8; ++i) {
-          const uint32_t v = pack2<T::kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+          const uint32_t v = out_pair(o[4 * i + 2 * h], o[4 * i + 2 * h + 1], inv, live);
           if (i < n8) *reinterpret_cast<uint32_t*>(orow + 8 * i + col_base) = v;
         }
         if ((lane % 4) == 0) lse[row] = T::kVariants ? lse_row : seen ? m[h] * p.scale + __logf(sum) : -INFINITY;
@@ -236,6 +249,11 @@ struct FwdEpilogue {
     // 8 distinct 4-bank groups: again 32 distinct banks.
     constexpr int kChunks = T::kColBlock / 8;  // 16-byte chunks per row
     const int rsw = T::kRowBytes == 128 ? lane / 4 : lane / 8;
+    const int orow0 = sched.q_tile * kBM + 64 * c;  // this warpgroup's first row
+    // Packed batch: the map's rows run on into the next sequence, so a box that reaches past this
+    // sequence's rows is not TMA-stored; its rows go from registers to global memory instead.
+    bool direct = false;
+    if constexpr (T::kVariants) direct = p.packed.packed() && orow0 + T::kOStageRows > sched.rows_q();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = q_row0 + 8 * h;
@@ -244,15 +262,30 @@ struct FwdEpilogue {
       const bool seen = sum > 0.f;  // no visible key: out = 0, lse = -inf
       float inv = seen ? 1.f / sum : 0.f;
       float lse_row = 0.f;
-      if constexpr (T::kVariants) variants_row(h, sum, seen, inv, lse_row);
+      bool live = true;
+      if constexpr (T::kVariants) variants_row(h, row, sum, seen, inv, lse_row, live);
+      if constexpr (T::kVariants) {
+        if (direct) {
+          if (row < sched.rows_q()) {
+            const int n8 = p.headdim / 8;
+            Elem* orow = reinterpret_cast<Elem*>(p.out) + sched.head * p.o_head_stride +
+                         static_cast<int64_t>(sched.q_start + row) * p.o_row_stride;
+#pragma unroll
+            for (int i = 0; i < kD / 8; ++i) {
+              const uint32_t v = out_pair(o[4 * i + 2 * h], o[4 * i + 2 * h + 1], inv, live);
+              if (i < n8) *reinterpret_cast<uint32_t*>(orow + 8 * i + col_base) = v;
+            }
+          }
+        }
+      }
 #pragma unroll
       for (int i = 0; i < kD / 8; ++i) {
-        const uint32_t v = pack2<T::kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+        const uint32_t v = out_pair(o[4 * i + 2 * h], o[4 * i + 2 * h + 1], inv, live);
         const uint32_t addr = stage + (i / kChunks) * T::kQBlockBytes + r * T::kRowBytes +
                               ((((i % kChunks) ^ rsw) << 4) | (4 * (lane % 4)));
         st_shared_b32(addr, v);
       }
-      if (row < p.seqlen_q && (lane % 4) == 0)
+      if (row < sched.rows_q() && (lane % 4) == 0)
         lse[row] = T::kVariants ? lse_row : seen ? m[h] * p.scale + __logf(sum) : -INFINITY;
     }
     // Every writer: its st.shared before the async proxy's reads; then all
@@ -260,15 +293,16 @@ struct FwdEpilogue {
     fence_proxy_async_smem();
     bar();
     if (ctid == 0) {
-      const int orow0 = sched.q_tile * kBM + 64 * c;
       // The map's row extent is Sq and its column extent headdim: rows >= Sq and columns >= headdim
       // of a box are not written. A box entirely past Sq (second half of a short last tile) or
-      // past headdim (a column block of the padded width) is skipped.
-      if (orow0 < p.seqlen_q) {
+      // past headdim (a column block of the padded width) is skipped. Packed: only whole boxes of the
+      // sequence (direct above), at its row offset.
+      if (orow0 < sched.rows_q() && !direct) {
 #pragma unroll
         for (int b = 0; b < T::kDBlocks; ++b)
           if (b == 0 || b * T::kColBlock < p.headdim)
-            tma_store_4d(tm_o, stage + b * T::kQBlockBytes, b * T::kColBlock, orow0, sched.head, sched.batch);
+            tma_store_4d(tm_o, stage + b * T::kQBlockBytes, b * T::kColBlock, sched.q_row_base() + orow0,
+                         sched.head, sched.tma_batch());
         tma_store_commit();
         // Staging must stay valid (CTA alive; persistent: not overwritten)
         // until the store has read it (deferred: at the next tile's epilogue,

@@ -80,6 +80,15 @@
 // window's key-tile range (fwd_scheduler.cuh key_tile_range), masks and score modifiers
 // (fwd_consumer.cuh) and sinks (fwd_epilogue.cuh) are compiled into it alone.
 //
+// Packed batches (cu_seqlens, seqused; csrc/packed_sequences.h) run on the variants instantiation: the
+// TMA maps cover all packed rows as one batch, each tile's loads start at its sequence's rows
+// (fwd_scheduler.cuh), keys past the sequence's used keys are masked like keys past Sk, rows past its
+// used queries are written as zeros with lse = -inf, and the O store never writes past the sequence's
+// rows (TMA only for whole 64-row boxes inside it, registers for the rest; fwd_epilogue.cuh). No split
+// tail, stream-k or multicast cluster on packed batches (the launcher's plans). A masked key's P is 0,
+// and P V adds 0 * v: v rows past seqused_k that share a key tile with used ones must be finite (k and
+// q rows there may hold anything).
+//
 // Files, by role (FlashAttention-3's split): fwd_traits.cuh (the config, the shared-memory layout),
 // fwd_scheduler.cuh (which tiles and key tiles a CTA runs, in which order), fwd_producer.cuh (the
 // TMA loads and the K/V ring), fwd_consumer.cuh (the wgmma + softmax main loop), fwd_epilogue.cuh
@@ -122,7 +131,12 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap* tm_q, const CUt
   const uint32_t cta_rank = multicast ? cluster_cta_rank() : 0u;
   const uint32_t peer_rank = cta_rank ^ 1u;
 
-  if constexpr (!T::kPersistent) sched.set_cta_tile(multicast);
+  if constexpr (!T::kPersistent) {
+    sched.set_cta_tile(multicast);
+    // Packed batch: a tile of the max_seqlen_q grid past its sequence's rows; the whole CTA leaves
+    // before any barrier (packed launches never form clusters).
+    if (sched.tile_outside()) return;
+  }
 
   if (tid == 0) {
     tma_prefetch_desc(tm_q);

@@ -49,7 +49,9 @@ template <class T>
 StreamKPlan stream_k_plan(const FwdParams& p, int64_t tiles, int grid) {
   StreamKPlan plan;
   // Windows give tiles key ranges of their own (the split assumes one range 0 .. n-1 for all tiles).
-  if (!T::kStreamK || p.causal || p.variants.local() || p.seqlen_k <= 0 || tiles <= grid) return plan;
+  // Packed batches: tiles of one problem differ in length (and some are skipped).
+  if (!T::kStreamK || p.causal || p.variants.local() || p.seqlen_k <= 0 || tiles <= grid || p.packed.packed())
+    return plan;
   const int64_t waves = tiles / grid, rest = tiles % grid;
   const int64_t key_tiles = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   // Idle share of the plain schedule: (grid - rest) tile slots of (waves + 1) * grid.
@@ -89,7 +91,7 @@ template <class T>
 cudaError_t split_tail_plan(const FwdParams& p, SplitTailPlan* plan) {
   *plan = SplitTailPlan{};
   // Windows give tiles key ranges of their own (pieces are cut from one range 0 .. n-1 for all tiles).
-  if (!T::kSplitTail || p.causal || p.variants.local() || p.seqlen_k <= 0) return cudaSuccess;
+  if (!T::kSplitTail || p.causal || p.variants.local() || p.seqlen_k <= 0 || p.packed.packed()) return cudaSuccess;
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -134,7 +136,11 @@ cudaError_t plan_fwd(const FwdParams& p, Sm90FwdPlan* plan) {
   // key tiles (non-causal) and the tiles pair up (an even count); then each CTA's K/V box is half a
   // tile (fwd_kernel.cuh). Otherwise they launch as the plain one-tile-per-CTA kernel.
   // (A window gives adjacent query tiles different key tiles, as causal masking does.)
-  plan->cluster_pairs = T::kMulticast && !p.causal && !p.variants.local() && q_tiles % 2 == 0;
+  // (Packed: the sequences' tiles of one grid column differ, as do their key tiles.)
+  plan->cluster_pairs = T::kMulticast && !p.causal && !p.variants.local() && q_tiles % 2 == 0 && !p.packed.packed();
+  // Packed batches run on the variants build (the one-tile grid's z extent is the number of sequences).
+  if (p.packed.packed() && (!T::kSupportsVariants || (!T::kPersistent && p.batch > 65535)))
+    return cudaErrorNotSupported;
   plan->grid = dim3(q_tiles, p.heads_q, p.batch);
   if constexpr (T::kSplitTail) {
     SplitTailPlan split;
@@ -198,9 +204,11 @@ cudaError_t launch_kernel(const FwdParams& p, const Sm90FwdPlan& plan, const CUt
     // last query tile (and never spills into the next head) and columns >= headdim (never into the
     // next row); box = 64 rows x kColBlock columns, one per consumer warpgroup and column block; same
     // swizzle as the loads (the kernel stages O in that layout).
+    // Packed: one batch of total_q rows; the kernel stores only boxes that lie within their sequence.
     CUtensorMap to;
-    err = encode_bshd(&to, K::kBf16, p.out, p.batch, p.seqlen_q, p.heads_q, p.headdim,
-                      p.o_batch_stride, p.o_row_stride, p.o_head_stride, K::kOStageRows, K::kColBlock);
+    const bool packed = p.packed.packed();
+    err = encode_bshd(&to, K::kBf16, p.out, packed ? 1 : p.batch, packed ? p.packed.total_q : p.seqlen_q, p.heads_q,
+                      p.headdim, p.o_batch_stride, p.o_row_stride, p.o_head_stride, K::kOStageRows, K::kColBlock);
     if (err != cudaSuccess) return err;
     auto kernel = fwd_kernel_sm90_tmao<K>;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
@@ -235,7 +243,9 @@ template <class T>
 cudaError_t launch_fwd(const FwdParams& params, const Sm90FwdPlan& plan, void* workspace, cudaStream_t stream) {
   if (params.headdim > T::kHeadDim || params.headdim % 8 != 0 || params.headdim < 8) return cudaErrorInvalidValue;
   // A config built without the variants refuses them (the binding names it; configs.py supports_variants).
-  const bool variants = fwd_variants_requested(params.variants);
+  // Packed batches run on the variants build too (per-sequence offsets and bounds; fwd_scheduler.cuh).
+  const bool packed = params.packed.packed();
+  const bool variants = fwd_variants_requested(params.variants) || packed;
   if (variants && !T::kSupportsVariants) return cudaErrorNotSupported;
   if (plan.workspace_bytes > 0 && workspace == nullptr) return cudaErrorInvalidValue;
   FwdParams p = params;
@@ -245,14 +255,19 @@ cudaError_t launch_fwd(const FwdParams& params, const Sm90FwdPlan& plan, void* w
   p.split_pieces = plan.split_pieces;
   if (plan.workspace_bytes > 0) p.workspace = workspace;
   const int kv_box_rows = plan.cluster_pairs ? T::kKVHalfRows : T::kBlockN;
+  // Packed: maps of one batch over all rows (total_q, total_k); a tile's rows start at its sequence's,
+  // and a box's rows past the sequence (the next sequence's, or the zero fill past the last) are masked
+  // (keys) or never stored (queries) by the kernel.
+  const int64_t maps_batch = packed ? 1 : p.batch;
+  const int64_t rows_q = packed ? p.packed.total_q : p.seqlen_q, rows_k = packed ? p.packed.total_k : p.seqlen_k;
   CUtensorMap tq, tk, tv;
-  cudaError_t err = encode_bshd(&tq, T::kBf16, p.q, p.batch, p.seqlen_q, p.heads_q, p.headdim,
+  cudaError_t err = encode_bshd(&tq, T::kBf16, p.q, maps_batch, rows_q, p.heads_q, p.headdim,
                                 p.q_batch_stride, p.q_row_stride, p.q_head_stride, T::kQBoxRows, T::kColBlock);
   if (err == cudaSuccess)
-    err = encode_bshd(&tk, T::kBf16, p.k, p.batch, p.seqlen_k, p.heads_k, p.headdim,
+    err = encode_bshd(&tk, T::kBf16, p.k, maps_batch, rows_k, p.heads_k, p.headdim,
                       p.k_batch_stride, p.k_row_stride, p.k_head_stride, kv_box_rows, T::kColBlock);
   if (err == cudaSuccess)
-    err = encode_bshd(&tv, T::kBf16, p.v, p.batch, p.seqlen_k, p.heads_k, p.headdim,
+    err = encode_bshd(&tv, T::kBf16, p.v, maps_batch, rows_k, p.heads_k, p.headdim,
                       p.v_batch_stride, p.v_row_stride, p.v_head_stride, kv_box_rows, T::kColBlock);
   if (err == cudaSuccess && plan.zero_bytes > 0)
     err = cudaMemsetAsync(static_cast<char*>(workspace) + plan.zero_offset, 0, plan.zero_bytes, stream);

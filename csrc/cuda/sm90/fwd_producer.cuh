@@ -60,7 +60,6 @@ __device__ __forceinline__ void fwd_producer(const FwdSmem<T> smem, FwdTileSched
   constexpr int kBM = T::kBlockM, kBN = T::kBlockN;
   int& q_tile = sched.q_tile;
   int& head = sched.head;
-  int& batch = sched.batch;
   int& n_tiles = sched.n_tiles;
   int& key_tile0 = sched.key_tile0;
   // Key tile j of the current work item (key tile key_tile0 + j of the tile) as K (is_v false) or V
@@ -76,15 +75,17 @@ __device__ __forceinline__ void fwd_producer(const FwdSmem<T> smem, FwdTileSched
     const CUtensorMap* map = is_v ? tm_v : tm_k;
     if (multicast) {
       const uint32_t half = cta_rank * T::kKVHalfBytes;
-      const int row = (key_tile0 + j) * kBN + static_cast<int>(cta_rank) * T::kKVHalfRows;
+      const int row = sched.k_row_base() + (key_tile0 + j) * kBN + static_cast<int>(cta_rank) * T::kKVHalfRows;
 #pragma unroll
       for (int b = 0; b < T::kDBlocks; ++b)
-        tma_load_4d_multicast(map, dst + b * T::kKVBlockBytes + half, full, b * T::kColBlock, row, kv_head, batch,
+        tma_load_4d_multicast(map, dst + b * T::kKVBlockBytes + half, full, b * T::kColBlock, row, kv_head,
+                              sched.tma_batch(),
                               0x3);
     } else {
 #pragma unroll
       for (int b = 0; b < T::kDBlocks; ++b)
-        tma_load_4d(map, dst + b * T::kKVBlockBytes, full, b * T::kColBlock, (key_tile0 + j) * kBN, kv_head, batch);
+        tma_load_4d(map, dst + b * T::kKVBlockBytes, full, b * T::kColBlock,
+                    sched.k_row_base() + (key_tile0 + j) * kBN, kv_head, sched.tma_batch());
     }
   };
   // Item i of a tile's K/V sequence K_0, K_1, V_0, K_2, V_1, ..., K_{n-1}, V_{n-2}, V_{n-1}:
@@ -102,7 +103,7 @@ __device__ __forceinline__ void fwd_producer(const FwdSmem<T> smem, FwdTileSched
 #pragma unroll
     for (int b = 0; b < T::kDBlocks; ++b)
       tma_load_4d(tm_q, smem.q_buffer(k) + b * T::kQBlockBytes + row0 * T::kRowBytes, full, b * T::kColBlock,
-                  q_tile * kBM + row0, head, batch);
+                  sched.q_row_base() + q_tile * kBM + row0, head, sched.tma_batch());
   };
   if constexpr (T::kPersistent) {
     uint32_t g0 = 0;  // K/V loads issued by this CTA before the current tile
@@ -130,7 +131,7 @@ __device__ __forceinline__ void fwd_producer(const FwdSmem<T> smem, FwdTileSched
         if constexpr (T::kDynamic) st_shared_b32(smem.tile_slot(k), static_cast<uint32_t>(slot_tile));
         // A half entirely past Sq (the second of a short last query tile) is not loaded: its rows
         // are computed from whatever the buffer holds and never stored.
-        if (n_tiles > 0 && (!T::kQHalves || q_tile * kBM + 64 * half < p.seqlen_q)) load_q(k, half);
+        if (n_tiles > 0 && (!T::kQHalves || q_tile * kBM + 64 * half < sched.seqlen_q())) load_q(k, half);
         else mbar_arrive(smem.bar_q_full(pair));  // q_full phase k without Q (hand-shake only)
       }
       // K_2 onwards waits for slots that S_0, S_1, ... of this tile free
@@ -146,7 +147,7 @@ __device__ __forceinline__ void fwd_producer(const FwdSmem<T> smem, FwdTileSched
       for (int t = blockIdx.x; t < sched.total_tiles;) {
         const int next = atomicAdd(taken, 1) + static_cast<int>(gridDim.x);  // used after this tile's loads
         sched.set_tile(t);
-        produce_tile(t);
+        if (!sched.tile_outside()) produce_tile(t);  // packed: skipped by the consumers too (never handed over)
         t = next;
       }
       // No more: a last q_full phase with a tile number past the end (the buffer's previous tile has

@@ -14,6 +14,11 @@
 // hold tiles of equal (or adjacent) query index. Both orders are bijections of
 // [0, n_q_tiles * Hq * B) onto the (q_tile, head, batch) triples, and both are
 // computed by the one set_tile below from t alone.
+//
+// Packed batches (p.packed, csrc/packed_sequences.h; the variants build only): B is the number of
+// sequences and the query tiles span max_seqlen_q, so a sequence's tiles past its own rows are
+// enumerated too and skipped at once (tile_outside: the one-tile CTA exits, the walks go on), at the
+// cost of a few loads of cu_seqlens per skipped tile.
 #pragma once
 
 #include <cstdint>
@@ -40,20 +45,23 @@ __device__ __forceinline__ int num_key_tiles(const FwdParams& p, int q_tile) {
 // the tile sees through the window (csrc/attention_variants.h; causal is the window (-1, 0)): with
 // off = Sk - Sq, rows r0 .. r1 see keys r0 + off - window_left .. r1 + off + window_right, one run
 // without holes (row i's run is its predecessor's shifted by one), clipped to 0 .. Sk-1. No key at
-// all: count 0 (the tile writes out = 0 and lse = -inf, or the sink).
+// all: count 0 (the tile writes out = 0 and lse = -inf, or the sink). sq, sk: the tile's sequence's
+// used queries and keys (T::kVariants; a packed batch's sequence, else Sq and Sk); a tile of rows all
+// past sq (rows a packed sequence owns past its seqused) has no key tile.
 template <class T>
-__device__ __forceinline__ void key_tile_range(const FwdParams& p, int q_tile, int& first, int& count) {
+__device__ __forceinline__ void key_tile_range(const FwdParams& p, int q_tile, int sq, int sk, int& first,
+                                               int& count) {
   if constexpr (!T::kVariants) {
     first = 0;
     count = num_key_tiles<T>(p, q_tile);
   } else {
     const int wl = p.variants.window_left, wr = p.variants.window_right;
-    const int off = p.seqlen_k - p.seqlen_q;
+    const int off = sk - sq;
     const int r0 = q_tile * T::kBlockM;
-    const int r1 = min(r0 + T::kBlockM, p.seqlen_q) - 1;
+    const int r1 = min(r0 + T::kBlockM, sq) - 1;
     const int key_begin = wl >= 0 ? max(r0 + off - wl, 0) : 0;
-    const int key_end = wr >= 0 ? min(r1 + off + wr + 1, p.seqlen_k) : p.seqlen_k;
-    if (key_end <= key_begin) {
+    const int key_end = wr >= 0 ? min(r1 + off + wr + 1, sk) : sk;
+    if (key_end <= key_begin || r1 < r0) {
       first = 0;
       count = 0;
     } else {
@@ -75,6 +83,62 @@ struct FwdTileScheduler {
   // (under causal masking they see the most keys).
   int q_tile = 0, head = 0, batch = 0, n_tiles = 0;
   int key_tile0 = 0;  // the first key tile of the work item (> 0 for a split tile's later parts, or a window)
+  // The tile's sequence, T::kVariants only (the build that runs packed batches; csrc/packed_sequences.h):
+  // its query rows start at row q_start of q, out and lse, its keys at row k_start of k and v; the
+  // attention runs over its first used_q queries and used_k keys, and its rows used_q .. len_q - 1 are
+  // written as zeros with lse = -inf. A dense batch: starts 0, used_q = len_q = Sq, used_k = Sk.
+  int q_start = 0, k_start = 0, len_q = 0, used_q = 0, used_k = 0;
+
+  // The tile's query and key counts and the rows it writes (the dense kernel: the params' own).
+  __device__ __forceinline__ int seqlen_q() const {
+    if constexpr (T::kVariants) return used_q;
+    else return p.seqlen_q;
+  }
+  __device__ __forceinline__ int seqlen_k() const {
+    if constexpr (T::kVariants) return used_k;
+    else return p.seqlen_k;
+  }
+  __device__ __forceinline__ int rows_q() const {
+    if constexpr (T::kVariants) return len_q;
+    else return p.seqlen_q;
+  }
+  // Row offsets in the packed tensors and the TMA maps' batch coordinate (packed: maps of one batch).
+  __device__ __forceinline__ int q_row_base() const { return T::kVariants ? q_start : 0; }
+  __device__ __forceinline__ int k_row_base() const { return T::kVariants ? k_start : 0; }
+  __device__ __forceinline__ int tma_batch() const {
+    if constexpr (T::kVariants) return p.packed.packed() ? 0 : batch;
+    else return batch;
+  }
+  // Packed: a tile of the max_seqlen_q grid whose rows all lie past its sequence's end has nothing to
+  // do (no load, no store); the walks skip it.
+  __device__ __forceinline__ bool tile_outside() const { return T::kVariants && q_tile * T::kBlockM >= len_q; }
+
+  // The sequence of `batch` (T::kVariants). The consumers call it again for the epilogue, so that only
+  // used_k (and their diag) stays live through the main loop: the persistent variants builds have no
+  // register to spare there.
+  __device__ __forceinline__ void set_sequence() {
+    if constexpr (T::kVariants) {
+      if (p.packed.packed()) {
+        const SequenceBounds bq = sequence_bounds(p.packed.cu_seqlens_q, p.packed.seqused_q, batch,
+                                                  p.packed.total_q, p.seqlen_q);
+        const SequenceBounds bk = sequence_bounds(p.packed.cu_seqlens_k, p.packed.seqused_k, batch,
+                                                  p.packed.total_k, p.seqlen_k);
+        q_start = bq.start;
+        len_q = bq.len;
+        used_q = bq.used;
+        k_start = bk.start;
+        used_k = bk.used;
+      } else {
+        len_q = used_q = p.seqlen_q;
+        used_k = p.seqlen_k;
+      }
+    }
+  }
+  // The sequence, then the key tiles of the tile.
+  __device__ __forceinline__ void set_sequence_and_keys() {
+    set_sequence();
+    key_tile_range<T>(p, q_tile, seqlen_q(), seqlen_k(), key_tile0, n_tiles);
+  }
 
   // The host guarantees n_q_tiles * Hq * B + gridDim.x < 2^31. set_tile runs only for t < total_tiles,
   // hence n_q_tiles >= 1 and Hq * B <= total_tiles: no product below overflows.
@@ -98,7 +162,7 @@ struct FwdTileScheduler {
       batch = hb / p.heads_q;
       head = hb - batch * p.heads_q;
     }
-    key_tile_range<T>(p, q_tile, key_tile0, n_tiles);
+    set_sequence_and_keys();
   }
 
   // A persistent CTA's work items, in order; item(role) runs once the tile variables above are set.
@@ -126,6 +190,7 @@ struct FwdTileScheduler {
     if constexpr (!T::kStreamK) {
       for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
         set_tile(t);
+        if (tile_outside()) continue;
         item(kWholeTile);
       }
     } else {
@@ -147,6 +212,7 @@ struct FwdTileScheduler {
         int role = kWholeTile;
         if (i < n_whole) {
           set_tile(b + i * gridDim.x);
+          if (tile_outside()) continue;  // packed: never split (the launcher)
         } else {
           const int tt = (u1 - 1) / n - (i - n_whole);  // from the run's last tile down
           set_tile(p.stream_k_tile0 + tt);
@@ -199,7 +265,7 @@ struct FwdTileScheduler {
       q_tile = gridDim.x - 1 - blockIdx.x;
       head = blockIdx.y;
       batch = blockIdx.z;
-      key_tile_range<T>(p, q_tile, key_tile0, n_tiles);
+      set_sequence_and_keys();
     }
   }
 };
