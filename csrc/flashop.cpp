@@ -38,6 +38,16 @@ TORCH_LIBRARY(flashop, m) {
       "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, "
       "Tensor? seqused_q=None, Tensor? seqused_k=None) -> (Tensor dq, Tensor dk, Tensor dv)",
       {at::Tag::pt2_compliant_tag});
+  // FlashAttention's flash_attn_with_kvcache: k and v are appended to the caches in place (hence its own op),
+  // then q attends to each sequence's cache. Its kernels and rules are in flashop/kvcache.py.
+  m.def(
+      "forward_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
+      "Tensor? rotary_cos=None, Tensor? rotary_sin=None, Tensor? cache_seqlens=None, Tensor? cache_batch_idx=None, "
+      "Tensor? cache_leftpad=None, Tensor? block_table=None, float? softmax_scale=None, bool causal=False, "
+      "int window_size_left=-1, int window_size_right=-1, float softcap=0.0, bool rotary_interleaved=True, "
+      "Tensor? alibi_slopes=None, Tensor? learnable_sink=None, int num_splits=0, str? config=None) "
+      "-> (Tensor out, Tensor softmax_lse)",
+      {at::Tag::pt2_compliant_tag});
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

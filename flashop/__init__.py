@@ -8,7 +8,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C  # noqa: F401  (registers the operators)
 from . import meta  # noqa: F401  (fake kernels)
-from . import configs, dispatch, modules, ops
+from . import configs, dispatch, kvcache, modules, ops
 from .ops import (
     flash_attn_func,
     flash_attn_kvpacked_func,
@@ -18,11 +18,13 @@ from .ops import (
     flash_attn_varlen_qkvpacked_func,
     scaled_dot_product_attention,
 )
+from .kvcache import flash_attn_with_kvcache
 from .autotune import forward_timed, tune
 
 __all__ = [
     "configs",
     "dispatch",
+    "kvcache",
     "modules",
     "ops",
     "flash_attn_func",
@@ -31,6 +33,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
     "scaled_dot_product_attention",
     "forward_timed",
     "tune",

@@ -195,3 +195,110 @@ def backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=Fa
     dispatch.check_config(config, q.device, q.dtype, dims[5], "backward", deterministic, variants=variants_requested(
         causal, window_size_left, window_size_right, softcap, alibi_slopes), packed=packed)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+# ---------------------------------------------------------------- flashop::forward_kvcache (flashop/kvcache.py)
+
+def _int32_vector(t, name, q, size):
+    _check(t.dtype == torch.int32, f"flashop: {name} must have dtype torch.int32, got {t.dtype}")
+    _check(t.device == q.device, f"flashop: {name} must be on the device of q ({q.device}), got {t.device}")
+    _check(t.dim() == 1 and t.size(0) == size, f"flashop: {name} must have shape (batch,) = ({size},), got "
+           f"{list(t.shape)}")
+
+
+def check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                         cache_leftpad, block_table):
+    """Returns (batch, seqlen_q, heads_q, heads_k, headdim, capacity): capacity is the positions one sequence's
+    cache holds (seqlen_cache, or max_blocks * page_size for a paged cache)."""
+    _rank4(q, "q")
+    batch, seqlen_q, heads_q, headdim = q.shape
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check(cache.dim() == 4, f"flashop: {name} must be a 4-D tensor (batch_cache, seqlen_cache, nheads_k, "
+               f"headdim), or (num_blocks, page_size, nheads_k, headdim) with block_table, got a {cache.dim()}-D tensor")
+        _same_dtype_device(cache, name, q)
+        _last_dim_contiguous(cache, name)
+    _check(q.dtype in _FLOAT_DTYPES,
+           f"flashop: q must have dtype torch.float32, torch.float16 or torch.bfloat16, got {q.dtype}")
+    _check(k_cache.shape == v_cache.shape, f"flashop: k_cache and v_cache must have the same shape, got k_cache "
+           f"{list(k_cache.shape)} and v_cache {list(v_cache.shape)}")
+    heads_k = k_cache.size(2)
+    _check(k_cache.size(3) == headdim, f"flashop: k_cache must have the headdim of q ({headdim}), got {k_cache.size(3)}")
+    _check(1 <= headdim <= MAX_HEADDIM, f"flashop: headdim must be between 1 and {MAX_HEADDIM}, got {headdim}")
+    _check(heads_k >= 1 and heads_q % heads_k == 0, f"flashop: the number of query heads ({heads_q}) must be a "
+           f"multiple of the number of key/value heads ({heads_k})")
+    _last_dim_contiguous(q, "q")
+    if block_table is not None:
+        _check(block_table.dtype == torch.int32, f"flashop: block_table must have dtype torch.int32, got "
+               f"{block_table.dtype}")
+        _check(block_table.device == q.device, f"flashop: block_table must be on the device of q ({q.device}), got "
+               f"{block_table.device}")
+        _check(block_table.dim() == 2 and block_table.size(0) == batch, f"flashop: block_table must have shape "
+               f"(batch, max_blocks) with batch = {batch}, got {list(block_table.shape)}")
+        page_size = k_cache.size(1)
+        _check(page_size % 16 == 0, f"flashop: with block_table, the page size (k_cache.size(1)) must be a multiple "
+               f"of 16, got {page_size}")
+        _check(cache_batch_idx is None, "flashop: cache_batch_idx cannot be combined with block_table (the block "
+               "table already maps each sequence to its pages)")
+        capacity = block_table.size(1) * page_size
+    else:
+        capacity = k_cache.size(1)
+        if cache_batch_idx is None:
+            _check(k_cache.size(0) == batch, f"flashop: k_cache must have the batch size of q ({batch}) unless "
+                   f"cache_batch_idx selects its rows, got {k_cache.size(0)}")
+    _check((k is None) == (v is None), "flashop: k and v (the new keys and values) must be given together")
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            _check(t.dim() == 4 and t.size(0) == batch and t.size(2) == heads_k and t.size(3) == headdim,
+                   f"flashop: {name} must have shape (batch, seqlen_new, nheads_k, headdim) = ({batch}, seqlen_new, "
+                   f"{heads_k}, {headdim}), got {list(t.shape)}")
+            _same_dtype_device(t, name, q)
+        _check(k.shape == v.shape, f"flashop: k and v must have the same shape, got k {list(k.shape)} and v "
+               f"{list(v.shape)}")
+        _check(cache_seqlens is not None, "flashop: appending k and v needs cache_seqlens (where each sequence's "
+               "new keys go)")
+    _check((rotary_cos is None) == (rotary_sin is None), "flashop: rotary_cos and rotary_sin must be given together")
+    if rotary_cos is not None:
+        _check(k is not None, "flashop: rotary_cos/rotary_sin rotate the new keys: they need k and v")
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            _check(t.dim() == 2, f"flashop: {name} must be a 2-D tensor (seqlen_rotary, rotary_dim / 2), got a "
+                   f"{t.dim()}-D tensor")
+            _same_dtype_device(t, name, q)
+        _check(rotary_cos.shape == rotary_sin.shape, f"flashop: rotary_cos and rotary_sin must have the same shape, "
+               f"got {list(rotary_cos.shape)} and {list(rotary_sin.shape)}")
+        rotary_dim = 2 * rotary_cos.size(1)
+        _check(rotary_dim <= headdim and rotary_dim % 16 == 0, f"flashop: rotary_dim (2 * rotary_cos.size(1) = "
+               f"{rotary_dim}) must be a multiple of 16 and at most headdim ({headdim})")
+    if cache_seqlens is not None:
+        _int32_vector(cache_seqlens, "cache_seqlens", q, batch)
+    if cache_batch_idx is not None:
+        _int32_vector(cache_batch_idx, "cache_batch_idx", q, batch)
+    if cache_leftpad is not None:
+        _int32_vector(cache_leftpad, "cache_leftpad", q, batch)
+    return batch, seqlen_q, heads_q, heads_k, headdim, capacity
+
+
+def check_kvcache_arguments(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                            cache_leftpad, block_table, softmax_scale, window_size_left, window_size_right, softcap,
+                            alibi_slopes, learnable_sink, num_splits):
+    """Every rule of flashop::forward_kvcache that shapes, dtypes and devices decide (its eager kernel and fake
+    kernel both call this). Returns check_kvcache_inputs' dims."""
+    dims = check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                                cache_leftpad, block_table)
+    batch, seqlen_q, heads_q, heads_k, headdim, capacity = dims
+    _check(num_splits >= 0, f"flashop: num_splits must be >= 0 (0: chosen by a heuristic), got {num_splits}")
+    check_variants((batch, seqlen_q, capacity, heads_q, heads_k, headdim), q, window_size_left, window_size_right,
+                   softcap, alibi_slopes, learnable_sink)
+    check_softmax_scale(softmax_scale)
+    return dims
+
+
+@torch.library.register_fake("flashop::forward_kvcache")
+def forward_kvcache_fake(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                         cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
+                         causal=False, window_size_left=-1, window_size_right=-1, softcap=0.0,
+                         rotary_interleaved=True, alibi_slopes=None, learnable_sink=None, num_splits=0,
+                         config=None):
+    batch, seqlen_q, heads_q, _, _, _ = check_kvcache_arguments(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+        softmax_scale, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink, num_splits)
+    return q.new_empty(q.shape), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)

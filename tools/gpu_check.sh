@@ -32,7 +32,7 @@
 #   policy    tune into a scratch cache, then the policy's picks against the best config per shape
 #             (TUNE_ARGS: flashop.tune arguments). $OUT/policy.md, $OUT/tuned_cache.json.
 #   fa2       FlashAttention-2's tests/test_flash_attn.py through tools/fa2_suite (FA2_TEST: the file, default
-#             .fa2/test_flash_attn.py; FA2_K: a -k expression, default the dense test functions; FA2_ARGS: more
+#             .fa2/test_flash_attn.py; FA2_K: a -k expression, default every test function; FA2_ARGS: more
 #             pytest arguments, default deselecting the options flashop lacks). $OUT/fa2.log.
 #   profile   Nsight Compute on one kernel launch of tools/probes/profile_case.py (PROFILE_ARGS, PROFILE_KERNEL: a
 #             kernel name regex, default fwd_kernel_sm90): the report, its details page and a per-instruction
@@ -138,7 +138,7 @@ fi
 if has fa2; then
   step "FlashAttention-2's tests"
   timeout "${TEST_TIMEOUT:-900}" bash tools/fa2_suite/run.sh "${FA2_TEST:-.fa2/test_flash_attn.py}" -q -rf \
-    -k "${FA2_K:-not varlen and not kvcache}" ${FA2_ARGS:---fa2-without dropout_p} 2>&1 \
+    ${FA2_K:+-k "$FA2_K"} ${FA2_ARGS:---fa2-without dropout_p} 2>&1 \
     | grep -v "^SKIPPED" > "$OUT/fa2.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   grep -E "^FAILED" "$OUT/fa2.log" | cut -c1-200 | head -20; tail -1 "$OUT/fa2.log"

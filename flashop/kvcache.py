@@ -1,0 +1,183 @@
+"""flashop::forward_kvcache: attention of new queries over a KV cache that new keys and values are appended to
+in place (FlashAttention-2's flash_attn_with_kvcache), contiguous or paged.
+
+The op appends k/v at each sequence's cache_seqlens (rotary applied to the new keys), rotates q, and runs
+the packed-batch forward (flashop::forward with cu_seqlens) over each sequence's visible keys,
+[cache_leftpad, cache_seqlens + seqlen_new), in place in a contiguous cache. A paged cache, or a
+cache_batch_idx, is first gathered into a contiguous copy of the rows the batch reads.
+
+The rules of every argument live in flashop/meta.py check_kvcache_arguments (shapes, dtypes, devices: the eager
+kernel and the fake kernel alike) and check_kvcache_values here (index values: eager, where they can be read).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import meta
+
+_check = meta._check
+forward_op = torch.ops.flashop.forward.default
+
+
+def _host(t):
+    return None if t is None else t.cpu()
+
+
+def check_kvcache_values(k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                         capacity, seqlen_q, rotates_every_query):
+    """The index values (eager only; they are read on the host): every write and read stays inside the cache."""
+    seqlen_new = 0 if k is None else k.size(1)
+    lens, leftpad = _host(cache_seqlens), _host(cache_leftpad)
+    if lens is not None:
+        holds = (f"the positions of a sequence's block_table pages, max_blocks * page_size" if block_table is not None
+                 else "the cache's positions per sequence")
+        _check(bool(((lens >= 0) & (lens + seqlen_new <= capacity)).all()),
+               f"flashop: cache_seqlens + seqlen_new must lie in [0, {capacity}] ({holds}), got cache_seqlens "
+               f"{lens.tolist()} with seqlen_new {seqlen_new}")
+    if leftpad is not None:
+        end = lens + seqlen_new if lens is not None else torch.full_like(leftpad, capacity)
+        _check(bool(((leftpad >= 0) & (leftpad <= end)).all()),
+               f"flashop: cache_leftpad must lie in [0, cache_seqlens + seqlen_new], got {leftpad.tolist()}")
+    if cache_batch_idx is not None:
+        idx = _host(cache_batch_idx)
+        _check(bool(((idx >= 0) & (idx < k_cache.size(0))).all()),
+               f"flashop: cache_batch_idx must index k_cache's {k_cache.size(0)} rows, got {idx.tolist()}")
+    if block_table is not None:
+        table = _host(block_table)
+        used = lens + seqlen_new if lens is not None else torch.full((table.size(0),), capacity, dtype=torch.int32)
+        pages = (used + k_cache.size(1) - 1) // k_cache.size(1)
+        in_use = torch.arange(table.size(1))[None] < pages[:, None]
+        _check(bool(((table >= 0) & (table < k_cache.size(0)) | ~in_use).all()),
+               f"flashop: block_table entries of the pages in use must index k_cache's {k_cache.size(0)} blocks")
+    if rotary_cos is not None:
+        last_key = int((lens + seqlen_new).max()) if lens.numel() else 0
+        last_query = int(lens.max()) + (seqlen_q if rotates_every_query else 1) if lens.numel() else 0
+        _check(max(last_key, last_query) <= rotary_cos.size(0),
+               f"flashop: rotary_cos/rotary_sin have {rotary_cos.size(0)} positions; the new keys and queries need "
+               f"{max(last_key, last_query)}")
+
+
+def apply_rotary(x, cos, sin, positions, interleaved):
+    """x (batch, seqlen, nheads, headdim) with its first rotary_dim = 2 * cos.size(1) columns rotated by the
+    angles at positions (batch, seqlen): GPT-J's interleaved pairs (x0, x1), (x2, x3), ... or GPT-NeoX's halves.
+    Computed in float32, returned in x's dtype."""
+    rotary_dim = 2 * cos.size(1)
+    c = cos[positions].float()[:, :, None]  # (batch, seqlen, 1, rotary_dim / 2)
+    s = sin[positions].float()[:, :, None]
+    rot = x[..., :rotary_dim].float()
+    x1, x2 = (rot[..., 0::2], rot[..., 1::2]) if interleaved else rot.chunk(2, dim=-1)
+    o1, o2 = x1 * c - x2 * s, x1 * s + x2 * c
+    rotated = torch.stack((o1, o2), dim=-1).flatten(-2) if interleaved else torch.cat((o1, o2), dim=-1)
+    return torch.cat((rotated.to(x.dtype), x[..., rotary_dim:]), dim=-1)
+
+
+def _cache_rows(cache, cache_batch_idx, block_table, capacity):
+    """The cache as (batch_or_rows, capacity, nheads_k, headdim) per sequence of the batch: the cache itself when
+    it is contiguous and indexed directly, else the gathered rows (block_table's pages, cache_batch_idx's rows)."""
+    if block_table is not None:
+        pages = cache.index_select(0, block_table.flatten().long())  # unused pages may hold any index: clamped below
+        return pages.view(block_table.size(0), capacity, *cache.shape[2:])
+    if cache_batch_idx is not None:
+        return cache.index_select(0, cache_batch_idx.long())
+    return cache
+
+
+def _append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
+    """Writes k and v (batch, seqlen_new, nheads_k, headdim) at positions cache_seqlens[b] + t, in place."""
+    batch, seqlen_new = k.shape[:2]
+    positions = cache_seqlens.long()[:, None] + torch.arange(seqlen_new, device=k.device)  # (batch, seqlen_new)
+    if block_table is not None:
+        page_size = k_cache.size(1)
+        rows = block_table.long().gather(1, positions // page_size)
+        index = (rows, positions % page_size)
+    else:
+        batch_rows = (cache_batch_idx.long() if cache_batch_idx is not None
+                      else torch.arange(batch, device=k.device))[:, None].expand(batch, seqlen_new)
+        index = (batch_rows, positions)
+    k_cache.index_put_(index, k)
+    v_cache.index_put_(index, v)
+
+
+def _clamped_table(block_table, num_blocks):
+    """Entries past the pages a sequence uses may hold anything (vLLM leaves them stale): clamp them so the
+    gather stays inside the cache; attention never reads those positions."""
+    return block_table.clamp(0, num_blocks - 1)
+
+
+def forward_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                    cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
+                    window_size_left=-1, window_size_right=-1, softcap=0.0, rotary_interleaved=True,
+                    alibi_slopes=None, learnable_sink=None, num_splits=0, config=None):
+    """The op's kernel on every backend: the cache is appended to in place, then the packed-batch forward runs."""
+    batch, seqlen_q, heads_q, heads_k, headdim, capacity = meta.check_kvcache_arguments(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+        softmax_scale, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink, num_splits)
+    rotates_every_query = causal or window_size_left >= 0 or window_size_right >= 0
+    check_kvcache_values(k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, capacity,
+                         seqlen_q, rotates_every_query)
+    if block_table is not None:
+        block_table = _clamped_table(block_table, k_cache.size(0))
+
+    seqlen_new = 0
+    if k is not None:
+        seqlen_new = k.size(1)
+        if rotary_cos is not None:
+            positions = cache_seqlens.long()[:, None] + torch.arange(seqlen_new, device=q.device)
+            k = apply_rotary(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
+        _append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
+    if rotary_cos is not None:
+        # FlashAttention's positions: query i at cache_seqlens + i when it is causal or local, else every query
+        # at cache_seqlens (they all follow the cache).
+        steps = torch.arange(seqlen_q, device=q.device) if rotates_every_query else q.new_zeros(seqlen_q, dtype=torch.long)
+        q = apply_rotary(q, rotary_cos, rotary_sin, cache_seqlens.long()[:, None] + steps, rotary_interleaved)
+
+    # Each sequence's visible keys: [leftpad, cache_seqlens + seqlen_new) of its cache rows, as a packed batch
+    # over the (batch, capacity) rows: sequence b starts at b * capacity + leftpad and uses its first
+    # end - leftpad rows. A leading empty sequence (no queries) owns the rows before the first one's leftpad,
+    # since a packed batch starts at row 0.
+    keys = _cache_rows(k_cache, cache_batch_idx, block_table, capacity)
+    values = _cache_rows(v_cache, cache_batch_idx, block_table, capacity)
+    end = (cache_seqlens + seqlen_new if cache_seqlens is not None
+           else torch.full((batch,), capacity, dtype=torch.int32, device=q.device))
+    leftpad = cache_leftpad if cache_leftpad is not None else torch.zeros_like(end)
+    starts = torch.arange(batch, dtype=torch.int32, device=q.device) * capacity + leftpad
+    cu_seqlens_k = torch.cat([starts.new_zeros(1), starts, starts.new_tensor([batch * capacity])])
+    cu_seqlens_q = torch.cat([starts.new_zeros(1), torch.arange(batch + 1, dtype=torch.int32, device=q.device) * seqlen_q])
+    seqused_k = torch.cat([starts.new_zeros(1), end - leftpad])
+    if alibi_slopes is not None and alibi_slopes.dim() == 2:
+        alibi_slopes = torch.cat([alibi_slopes.new_zeros(1, heads_q), alibi_slopes])
+    out, lse = forward_op(
+        q.reshape(batch * seqlen_q, heads_q, headdim), keys.reshape(batch * capacity, heads_k, headdim),
+        values.reshape(batch * capacity, heads_k, headdim), softmax_scale, causal, config, False, window_size_left,
+        window_size_right, softcap, alibi_slopes, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqlen_q, 2 * capacity,
+        None, seqused_k)
+    return out.view(batch, seqlen_q, heads_q, headdim), lse.view(heads_q, batch, seqlen_q).transpose(0, 1).contiguous()
+
+
+for _device in ("cpu", "cuda"):
+    torch.library.register_kernel("flashop::forward_kvcache", _device)(forward_kvcache)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
+                            learnable_sink=None, config=None):
+    """FlashAttention-2's flash_attn_with_kvcache. q (batch, seqlen_q, nheads, headdim); k_cache/v_cache
+    (batch_cache, seqlen_cache, nheads_k, headdim), or (num_blocks, page_size, nheads_k, headdim) with block_table
+    (batch, max_blocks) int32 (page_size a multiple of 16). k/v (batch, seqlen_new, nheads_k, headdim), if given,
+    are written into the cache in place at cache_seqlens (int or int32 (batch,)), rotated first by rotary_cos/sin
+    (seqlen_rotary, rotary_dim / 2) when given (q too: at cache_seqlens + i when causal or local, else at
+    cache_seqlens). Each sequence attends to its cache positions [cache_leftpad, cache_seqlens + seqlen_new) of
+    row cache_batch_idx[b] (default b); causal and windows align bottom-right there. The other arguments as in
+    flash_attn_func; num_splits is a hint (0: the heuristic's). Returns out (batch, seqlen_q, nheads, headdim), and
+    softmax_lse (batch, nheads, seqlen_q) with return_softmax_lse."""
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.size(0),), cache_seqlens, dtype=torch.int32, device=q.device)
+    left, right = window_size
+    out, softmax_lse = torch.ops.flashop.forward_kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+        softmax_scale, causal, int(left), int(right), float(softcap), rotary_interleaved, alibi_slopes, learnable_sink,
+        num_splits, config)
+    return (out, softmax_lse) if return_softmax_lse else out
