@@ -1,5 +1,5 @@
 """Builds flashop._C: the operator schemas, the CPU kernels always, the CUDA
-kernels when the installed torch has CUDA.
+kernels when the installed torch has CUDA. The package's metadata is in pyproject.toml.
 
 The CPU kernels are compiled once per instruction set (CPU_ISA_FLAGS: generic, and on x86-64 AVX2 and
 AVX-512), whatever the build machine; the module runs the best copy the CPU supports (FLASHOP_CPU_ISA at
@@ -20,7 +20,7 @@ import os
 import platform
 import sys
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -155,17 +155,7 @@ def build_ext_command():
 
 
 def main():
-    setup(
-        name="flashop",
-        version="0.1.0",
-        description="FlashAttention as a PyTorch operator: CUDA and CPU kernels behind torch.ops.flashop",
-        packages=find_packages(include=["flashop", "flashop.*"]),
-        ext_modules=ext_modules(),
-        cmdclass={"build_ext": build_ext_command()},
-        python_requires=">=3.10",
-        install_requires=["torch>=2.4", "numpy", "tqdm"],
-        extras_require={"test": ["pytest", "expecttest"], "plot": ["matplotlib"]},
-    )
+    setup(ext_modules=ext_modules(), cmdclass={"build_ext": build_ext_command()})
 
 
 if __name__ == "__main__":
