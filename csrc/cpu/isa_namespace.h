@@ -1,6 +1,7 @@
 // The namespace of one instruction set's copy of the CPU kernels, named from the flags the copy is
-// compiled with (csrc/cpu/isa/, setup.py), as at::vec names its Vectorized. Every inline function and
-// template of a copy then has names of its own, so at link time no copy's code stands in for another's.
+// compiled with (csrc/cpu/isa/, setup.py; the same flags pick at::vec's implementation). Every inline
+// function and template of a copy then has names of its own, so at link time no copy's code stands in
+// for another's.
 #pragma once
 
 #if defined(CPU_CAPABILITY_AVX512)
