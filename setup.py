@@ -1,5 +1,9 @@
 """Builds flashop._C: the operator schemas, the CPU kernels always, the CUDA
-kernels when the installed torch has CUDA.
+kernels when the installed torch has CUDA. The package's metadata is in pyproject.toml.
+
+The CPU kernels are compiled once per instruction set (CPU_ISA_FLAGS: generic, and on x86-64 AVX2 and
+AVX-512), whatever the build machine; the module runs the best copy the CPU supports (FLASHOP_CPU_ISA at
+run time forces one, see csrc/cpu/isa.h).
 
 Environment:
   FLASHOP_CUDA=0/1       force the CUDA build off/on (default: on when torch has CUDA and nvcc is found)
@@ -13,10 +17,10 @@ Environment:
 import glob
 import importlib.util
 import os
-import re
+import platform
 import sys
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -40,22 +44,24 @@ def want_cuda():
     return torch.version.cuda is not None and CUDA_HOME is not None
 
 
-def cpu_isa_flags():
-    """Vector ISA for the CPU kernels (at::vec picks its implementation from CPU_CAPABILITY_*).
-    Chosen from the build machine, like -march=native, but only with ISAs ATen knows."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(re.findall(r"\b\w+\b", f.read()))
-    except OSError:
-        return []
-    if os.environ.get("FLASHOP_CPU_ISA", "").lower() == "default":
-        return []
-    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags:
-        return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512",
-                "-DCPU_CAPABILITY=AVX512"]
-    if {"avx2", "fma", "f16c"} <= flags:
-        return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
-    return []
+# The copies of the CPU kernels, one per instruction set (csrc/cpu/isa/kernels_<name>.cpp), and their
+# flags (at::vec picks its implementation from CPU_CAPABILITY_*); csrc/cpu/isa.cpp runs the best one the
+# CPU supports. Generic first: where several objects define the same inline function (c10's, the standard
+# library's), the linker keeps the first, so no caller ever gets a copy built for a newer ISA than its own.
+CPU_ISA_FLAGS = {
+    "default": [],
+    "avx2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512",
+               "-DCPU_CAPABILITY=AVX512"],
+}
+
+
+def cpu_isa_sources():
+    """(name, sources, flags) of each copy of the CPU kernels to build: every one on x86-64, the generic
+    one elsewhere (csrc/cpu/isa.h makes the same choice from __x86_64__)."""
+    x86_64 = platform.machine().lower() in ("x86_64", "amd64")
+    return [(name, [f"csrc/cpu/isa/kernels_{name}.cpp"], flags) for name, flags in CPU_ISA_FLAGS.items()
+            if x86_64 or name == "default"]
 
 
 def generated_sources(module):
@@ -95,7 +101,7 @@ def extension():
 
     sources = ["csrc/flashop.cpp", "csrc/checks.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
     # -Wno-maybe-uninitialized: false positives from ATen's vectorised transposes under -Wall.
-    cxx = ["-O3", "-std=c++17", "-fopenmp", "-Wno-maybe-uninitialized"] + cpu_isa_flags()
+    cxx = ["-O3", "-std=c++17", "-fopenmp", "-Wno-maybe-uninitialized"]
     if not want_cuda():
         return CppExtension("flashop._C", sources, extra_compile_args={"cxx": cxx},
                             extra_link_args=["-fopenmp"] + PRIVATE_STATIC_LIBS)
@@ -113,24 +119,43 @@ def extension():
     )
 
 
+def with_cpu_isas(ext):
+    """The extension with the copies of the CPU kernels, which build_ext_command() compiles and links."""
+    ext.cpu_isa_sources = cpu_isa_sources()
+    return ext
+
+
 def ext_modules():
-    return [extension()] + ([hopper_extension()] if want_cuda() and "90" in cuda_archs() else [])
+    return [with_cpu_isas(extension())] + ([hopper_extension()] if want_cuda() and "90" in cuda_archs() else [])
+
+
+def build_ext_command():
+    """torch's BuildExtension, which compiles every source of an extension with the same flags, plus the
+    sources of its `cpu_isa_sources`: each compiled with the extension's C++ flags and its own (in a build
+    directory of its own) and linked after the extension's objects, in the order given."""
+    from torch.utils.cpp_extension import BuildExtension
+
+    class BuildExtensionWithIsas(BuildExtension):
+        def build_extension(self, ext):
+            objects = []
+            for name, sources, flags in getattr(ext, "cpu_isa_sources", []):
+                args = ext.extra_compile_args  # by now with the flags BuildExtension adds
+                cxx = args["cxx"] if isinstance(args, dict) else args
+                objects += self.compiler.compile(sources, output_dir=os.path.join(self.build_temp, f"isa_{name}"),
+                                                 macros=ext.define_macros, include_dirs=ext.include_dirs,
+                                                 extra_postargs={"cxx": cxx + flags})
+            own = ext.extra_objects
+            ext.extra_objects = own + objects
+            try:
+                super().build_extension(ext)
+            finally:
+                ext.extra_objects = own
+
+    return BuildExtensionWithIsas.with_options(use_ninja=True)
 
 
 def main():
-    from torch.utils.cpp_extension import BuildExtension
-
-    setup(
-        name="flashop",
-        version="0.1.0",
-        description="FlashAttention as a PyTorch operator: CUDA and CPU kernels behind torch.ops.flashop",
-        packages=find_packages(include=["flashop", "flashop.*"]),
-        ext_modules=ext_modules(),
-        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-        python_requires=">=3.10",
-        install_requires=["torch>=2.4", "numpy", "tqdm"],
-        extras_require={"test": ["pytest", "expecttest"], "plot": ["matplotlib"]},
-    )
+    setup(ext_modules=ext_modules(), cmdclass={"build_ext": build_ext_command()})
 
 
 if __name__ == "__main__":

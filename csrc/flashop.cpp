@@ -1,6 +1,8 @@
 // The flashop operators, defined once. Backends register kernels for them:
 // csrc/cpu/ (CPU), flashop/ops.py (CUDA, through the config-dispatch policy),
 // flashop/meta.py (fake tensors for tracing), flashop/ops.py (autograd).
+#include "cpu/isa.h"
+
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -52,6 +54,14 @@ TORCH_LIBRARY(flashop, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "flashop native extension: registers torch.ops.flashop.* and exposes the CUDA kernel registry";
+  m.def("cpu_isa", &flashop::cpu::cpu_isa,
+        "The instruction set of the CPU kernels that run: 'avx512', 'avx2' or 'default' (generic); the best this "
+        "CPU supports unless the environment variable FLASHOP_CPU_ISA names one (read once, at the first use)");
+  m.def("cpu_isas", &flashop::cpu::cpu_isas, "The instruction sets this build has CPU kernels for, generic first");
+  m.def("cpu_isas_supported", &flashop::cpu::cpu_isas_supported,
+        "The instruction sets of cpu_isas() that this CPU can run");
+  m.def("_select_cpu_isa", &flashop::cpu::select_cpu_isa, pybind11::arg("requested"), pybind11::arg("supported"),
+        "The instruction set FLASHOP_CPU_ISA=requested picks among `supported` (the rule cpu_isa() applies)");
 #ifdef FLASHOP_WITH_CUDA
   m.attr("WITH_CUDA") = true;
   flashop::glue::bind_forward(m);

@@ -7,6 +7,7 @@ kernels, their fake kernels and autograd.
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C  # noqa: F401  (registers the operators)
+from ._C import cpu_isa  # the instruction set of the CPU kernels that run
 from . import meta  # noqa: F401  (fake kernels)
 from . import configs, dispatch, kvcache, modules, ops
 from .ops import (
@@ -23,6 +24,7 @@ from .autotune import forward_timed, tune
 
 __all__ = [
     "configs",
+    "cpu_isa",
     "dispatch",
     "kvcache",
     "modules",

@@ -552,6 +552,9 @@ def make_report(results: list[Result], args, peers: list[str]) -> dict:
         report["cudnn"] = torch.backends.cudnn.version()
     else:
         report["threads"] = torch.get_num_threads()
+        # Which copy of each side's CPU kernels ran (FLASHOP_CPU_ISA and ATEN_CPU_CAPABILITY force them).
+        report["cpu_isa"] = flashop.cpu_isa()
+        report["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     report["slug"] = args.slug or device_slug(report["name"], args.device)
     return report
 
@@ -609,6 +612,8 @@ def device_section(report: dict, heading: str = "##") -> str:
     else:
         title = f"CPU: {report['name']}"
         env = f"torch {report['torch']}, {report.get('threads')} threads"
+        if report.get("cpu_isa"):
+            env += f", flashop's {report['cpu_isa']} kernels, torch's {report.get('torch_cpu_capability')}"
     lines = [f"{heading} {title}", "",
              f"{env}; measured {report['date']}; batch x seqlen = {report['tokens']} tokens, "
              f"{report['rounds']} round{'s' if report['rounds'] != 1 else ''}. {u}, higher is better; "

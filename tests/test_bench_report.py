@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+import flashop
 from flashop import bench
 
 BF16_D128_1K_FLOPS = 4.0 * 32 * 16 * 1024 * 1024 * 128  # 32 x 1024 tokens, 16 heads, non-causal forward
@@ -103,7 +104,9 @@ def test_tiny_cpu_benchmark_end_to_end(tmp_path):
     assert len(results) == 1 and all(ms > 0 for ms in results[0].ms.values())
     report = json.load(open(tmp_path / "bench_cpu.json"))
     assert report["device"] == "cpu" and report["peers"] == ["torch"] and len(report["results"]) == 1
+    assert report["cpu_isa"] == flashop.cpu_isa()
     md = open(tmp_path / "benchmarks.md").read()
+    assert f"flashop's {flashop.cpu_isa()} kernels" in md
     (fwd,) = table_rows(md, "Forward")
     assert fwd[:5] == ["fp32", "64", "False", "128", "2x2"]
     assert float(fwd[-1]) == pytest.approx(results[0].ms["torch"] / results[0].ms["flashop"], abs=0.01)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs flashop into the current Python environment, building flashop._C from source.
-# Keeps an installed torch (e.g. a CUDA build); with none, installs the CPU build torch==2.13.0.
-# Build and test dependencies are installed only when missing, so an offline machine that already
-# has them (the GPU machine) needs no registry.
+# Installs flashop into the current Python environment, building flashop._C from source, by the standard
+# path: pip install --no-build-isolation --no-deps -e . (editable: the tests and the GPU scripts import
+# from the tree). Keeps an installed torch (e.g. a CUDA build); with none, installs the CPU build
+# torch==2.13.0. Build and test dependencies are installed only when missing, so an offline machine that
+# already has them (the GPU machine) needs no registry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -13,8 +14,25 @@ fi
 missing() {  # the names among "$@" that do not import
   "$PY" -c 'import importlib.util, sys; print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))' "$@"
 }
-# Needed to build and run.
-required=$(missing setuptools ninja pybind11 numpy tqdm)
+# Needed to build (pyproject.toml's build-system: the build runs without isolation, against this torch)
+# and to run. setuptools builds editable installs from pyproject.toml from 64 on, and needs the wheel
+# package for it before 70.1.
+required=$("$PY" - <<'EOF'
+import importlib.metadata
+import importlib.util
+
+need = [m for m in ("ninja", "pybind11", "numpy", "tqdm") if importlib.util.find_spec(m) is None]
+try:
+    setuptools = tuple(int(part) for part in importlib.metadata.version("setuptools").split(".")[:2])
+except (importlib.metadata.PackageNotFoundError, ValueError):
+    setuptools = (0, 0)
+if setuptools < (64, 0):
+    need.append("setuptools>=64")
+if setuptools < (70, 1) and importlib.util.find_spec("wheel") is None:
+    need.append("wheel")
+print(" ".join(need))
+EOF
+)
 if [ -n "$required" ]; then
   "$PY" -m pip install $required
 fi

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-namespace flashop::cpu {
+namespace flashop::cpu::FLASHOP_CPU_ISA_NAMESPACE {
 namespace detail {
 
 // rows x cols (leading dimension ld_src) -> cols x rows (ld_dst).
@@ -256,4 +256,4 @@ void attention_backward(const BackwardParams& p) {
   detail::backward_impl<T>(p);
 }
 
-}  // namespace flashop::cpu
+}  // namespace flashop::cpu::FLASHOP_CPU_ISA_NAMESPACE

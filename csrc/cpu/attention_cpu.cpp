@@ -1,15 +1,14 @@
 // CPU kernels of flashop::forward and flashop::backward: argument checks, output
-// allocation, and the dtype switch into the tile kernels of attention_kernels.h.
+// allocation, and the call into the tile kernels (attention_kernels.h) of the
+// instruction set that runs (isa.h).
 #include "../checks.h"
 #include "../packed_sequences.h"
-#include "attention_kernels.h"
+#include "isa.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <c10/util/string_view.h>
 #include <torch/library.h>
 
@@ -43,16 +42,6 @@ void set_common(cpu::AttentionParams& p, const AttentionDims& dims, const at::Te
   p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
 }
 
-template <typename F>
-void dispatch_dtype(at::ScalarType dtype, const F& f) {
-  switch (dtype) {
-    case at::kFloat: return f(float{});
-    case at::kHalf: return f(c10::Half{});
-    case at::kBFloat16: return f(c10::BFloat16{});
-    default: TORCH_CHECK(false, "flashop: unsupported dtype ", dtype);  // check_forward_inputs rules this out
-  }
-}
-
 // The kernels on (B, S, H, D) views: out and lse (B, Hq, Sq) are written for every row.
 void run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
                  const AttentionDims& dims, double scale, bool causal, const AttentionVariants& variants) {
@@ -62,7 +51,7 @@ void run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   p.out_batch_stride = out.stride(0), p.out_row_stride = out.stride(1), p.out_head_stride = out.stride(2);
   p.softmax_lse = lse.data_ptr<float>();
   p.lse_batch_stride = lse.stride(0), p.lse_head_stride = lse.stride(1), p.lse_row_stride = lse.stride(2);
-  dispatch_dtype(q.scalar_type(), [&](auto tag) { cpu::attention_forward<decltype(tag)>(p); });
+  cpu::forward(p, q.scalar_type());
 }
 
 void run_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -80,7 +69,7 @@ void run_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor&
   p.dq_batch_stride = dq.stride(0), p.dq_row_stride = dq.stride(1), p.dq_head_stride = dq.stride(2);
   p.dk_batch_stride = dk.stride(0), p.dk_row_stride = dk.stride(1), p.dk_head_stride = dk.stride(2);
   p.dv_batch_stride = dv.stride(0), p.dv_row_stride = dv.stride(1), p.dv_head_stride = dv.stride(2);
-  dispatch_dtype(q.scalar_type(), [&](auto tag) { cpu::attention_backward<decltype(tag)>(p); });
+  cpu::backward(p, q.scalar_type());
 }
 
 // A packed batch's sequences: rows [q0, q0 + len_q) of q and [k0, k0 + len_k) of k/v take part (the first

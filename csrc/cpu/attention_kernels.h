@@ -1,6 +1,8 @@
 // FlashAttention on the CPU: forward (online softmax over key tiles) and backward
 // (FlashAttention-2, recomputing P from the log-sum-exp). The kernels see raw
 // pointers, element strides and sizes only; attention_cpu.cpp is the torch glue.
+// These headers are compiled once per instruction set (csrc/cpu/isa/), each copy
+// in its own namespace (isa_namespace.h); csrc/cpu/isa.cpp picks one at run time.
 //
 // Matrix products go through at::native::cpublas::brgemm, the one cpublas GEMM
 // exported to extensions (cpublas::gemm is not). It computes the row-major
@@ -13,6 +15,7 @@
 
 #include "../attention_variants.h"
 #include "attention_pack.h"
+#include "attention_params.h"
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -31,40 +34,7 @@
 #include <immintrin.h>
 #endif
 
-namespace flashop::cpu {
-
-// Problem description shared by forward and backward. Strides are in elements;
-// the last (headdim) dimension of every tensor is contiguous.
-struct AttentionParams {
-  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_k = 0, headdim = 0;
-  float softmax_scale = 1.f;
-  bool causal = false;  // variants' (-1, 0) window
-  AttentionVariants variants;
-
-  const void* q = nullptr;
-  const void* k = nullptr;
-  const void* v = nullptr;
-  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
-  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
-  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
-
-  // Forward outputs / backward inputs. softmax_lse is (batch, heads_q, seqlen_q), fp32.
-  void* out = nullptr;
-  int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
-  float* softmax_lse = nullptr;
-  int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 0;
-};
-
-struct BackwardParams : AttentionParams {
-  const void* dout = nullptr;
-  int64_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
-  void* dq = nullptr;
-  void* dk = nullptr;
-  void* dv = nullptr;
-  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
-  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
-  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
-};
+namespace flashop::cpu::FLASHOP_CPU_ISA_NAMESPACE {
 
 // Tile sizes (build-time knobs, tuned on a 2-core AVX-512 machine). Queries per
 // task x keys per step: the fp32 score tile (block_q x block_k) and the packed
@@ -152,8 +122,8 @@ inline void variant_logits(float* s, int64_t lo, int64_t hi, float scale, float 
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
-// The build targets AVX-512 (setup.py picks the ISA of the build machine):
-// the softmax inner loops below use it directly; at::vec covers the other ISAs.
+// The AVX-512 copy of the kernels: the softmax inner loops below use it directly;
+// at::vec covers the other copies.
 #define FLASHOP_CPU_AVX512 1
 
 // 2^t on 16 lanes: t = n + f with |f| <= 1/2, 2^f from a degree-5 minimax
@@ -564,6 +534,6 @@ void attention_forward(const AttentionParams& p) {
   }
 }
 
-}  // namespace flashop::cpu
+}  // namespace flashop::cpu::FLASHOP_CPU_ISA_NAMESPACE
 
 #include "attention_backward.h"

@@ -14,6 +14,8 @@
 // Keys past seqlen_k are zero-filled up to the key block.
 #pragma once
 
+#include "isa_namespace.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -32,7 +34,7 @@
 #include <immintrin.h>
 #endif
 
-namespace flashop::cpu {
+namespace flashop::cpu::FLASHOP_CPU_ISA_NAMESPACE {
 
 constexpr int64_t kKeyBlock = 64;    // keys per packed K^T block (N of one S = Q K^T brgemm)
 constexpr int64_t kValueBlock = 64;  // headdim columns per packed 16-bit V block
@@ -250,4 +252,4 @@ class PackedKV {
   int64_t v_batch_stride_ = 0, v_head_stride_ = 0, v_ld_ = 0;
 };
 
-}  // namespace flashop::cpu
+}  // namespace flashop::cpu::FLASHOP_CPU_ISA_NAMESPACE
