@@ -36,9 +36,9 @@ EOF
 if [ -n "$required" ]; then
   "$PY" -m pip install $required
 fi
-# Needed by the tests (expecttest) and the benchmark plots; an offline machine without them still
-# builds and runs (the tests that need expecttest are skipped there).
-optional=$(missing pytest expecttest matplotlib)
+# Needed by the tests (expecttest, transformers for the integration's tests) and the benchmark plots; an
+# offline machine without them still builds and runs (the tests that need them are skipped there).
+optional=$(missing pytest expecttest matplotlib transformers)
 if [ -n "$optional" ]; then
   "$PY" -m pip install $optional || echo "install.sh: could not install $optional (offline?); continuing without" >&2
 fi
