@@ -12,6 +12,7 @@ namespace glue {
 // csrc/cuda/forward_cuda.cpp, backward_cuda.cpp.
 void bind_forward(pybind11::module_& m);
 void bind_backward(pybind11::module_& m);
+void bind_decode(pybind11::module_& m);  // csrc/cuda/decode_cuda.cpp
 }  // namespace glue
 }  // namespace flashop
 #endif
@@ -66,6 +67,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("WITH_CUDA") = true;
   flashop::glue::bind_forward(m);
   flashop::glue::bind_backward(m);
+  flashop::glue::bind_decode(m);
 #else
   m.attr("WITH_CUDA") = false;
 #endif

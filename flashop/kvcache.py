@@ -1,10 +1,12 @@
 """flashop::forward_kvcache: attention of new queries over a KV cache that new keys and values are appended to
 in place (FlashAttention-2's flash_attn_with_kvcache), contiguous or paged.
 
-The op appends k/v at each sequence's cache_seqlens (rotary applied to the new keys), rotates q, and runs
-the packed-batch forward (flashop::forward with cu_seqlens) over each sequence's visible keys,
-[cache_leftpad, cache_seqlens + seqlen_new), in place in a contiguous cache. A paged cache, or a
-cache_batch_idx, is first gathered into a contiguous copy of the rows the batch reads.
+The op appends k/v at each sequence's cache_seqlens (rotary applied to the new keys), rotates q, then
+attends over each sequence's visible keys, [cache_leftpad, cache_seqlens + seqlen_new): on CUDA with few
+query rows per KV head (decoding) by the split-KV decode kernels (csrc/cuda/decode/), which read the cache
+in place, paged or not; otherwise by the packed-batch forward (flashop::forward with cu_seqlens), in place
+in a contiguous cache, with a paged cache or a cache_batch_idx first gathered into a contiguous copy of the
+rows the batch reads.
 
 The rules of every argument live in flashop/meta.py check_kvcache_arguments (shapes, dtypes, devices: the eager
 kernel and the fake kernel alike) and check_kvcache_values here (index values: eager, where they can be read).
@@ -14,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import meta
+from . import _C, meta
 
 _check = meta._check
 forward_op = torch.ops.flashop.forward.default
@@ -109,7 +111,8 @@ def forward_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary
                     cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
                     window_size_left=-1, window_size_right=-1, softcap=0.0, rotary_interleaved=True,
                     alibi_slopes=None, learnable_sink=None, num_splits=0, config=None):
-    """The op's kernel on every backend: the cache is appended to in place, then the packed-batch forward runs."""
+    """The op's kernel on every backend: the cache is appended to in place, then the decode kernels or the
+    packed-batch forward attend over it."""
     batch, seqlen_q, heads_q, heads_k, headdim, capacity = meta.check_kvcache_arguments(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
         softmax_scale, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink, num_splits)
@@ -132,14 +135,22 @@ def forward_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary
         steps = torch.arange(seqlen_q, device=q.device) if rotates_every_query else q.new_zeros(seqlen_q, dtype=torch.long)
         q = apply_rotary(q, rotary_cos, rotary_sin, cache_seqlens.long()[:, None] + steps, rotary_interleaved)
 
+    end = cache_seqlens + seqlen_new if cache_seqlens is not None else None
+    if config is None and _C.WITH_CUDA and _C.decode_supported(q, k_cache, v_cache):
+        # Few query rows per KV head: the split-KV decode kernels read the cache in place, paged or not.
+        _, left, right = meta.normalize_window(causal, window_size_left, window_size_right, seqlen_q, capacity)
+        scale = softmax_scale if softmax_scale is not None else headdim ** -0.5
+        return _C.decode_forward(q, k_cache, v_cache, cache_leftpad, end, cache_batch_idx, block_table, scale, left,
+                                 right, float(softcap), alibi_slopes, learnable_sink, num_splits)
+
     # Each sequence's visible keys: [leftpad, cache_seqlens + seqlen_new) of its cache rows, as a packed batch
     # over the (batch, capacity) rows: sequence b starts at b * capacity + leftpad and uses its first
     # end - leftpad rows. A leading empty sequence (no queries) owns the rows before the first one's leftpad,
     # since a packed batch starts at row 0.
     keys = _cache_rows(k_cache, cache_batch_idx, block_table, capacity)
     values = _cache_rows(v_cache, cache_batch_idx, block_table, capacity)
-    end = (cache_seqlens + seqlen_new if cache_seqlens is not None
-           else torch.full((batch,), capacity, dtype=torch.int32, device=q.device))
+    if end is None:
+        end = torch.full((batch,), capacity, dtype=torch.int32, device=q.device)
     leftpad = cache_leftpad if cache_leftpad is not None else torch.zeros_like(end)
     starts = torch.arange(batch, dtype=torch.int32, device=q.device) * capacity + leftpad
     cu_seqlens_k = torch.cat([starts.new_zeros(1), starts, starts.new_tensor([batch * capacity])])

@@ -142,6 +142,7 @@ def test_nvcc_compiles_representative_kernels(tmp_path):
     for family in names:
         arch = "90a" if family.startswith("sm90") else "80"
         jobs += [(path, arch) for path in gen.generate(str(tmp_path / "gen"), [family], selection)]
+    jobs.append((os.path.join(ROOT, "csrc", "cuda", "decode", "decode.cu"), "80"))  # the split-KV decode kernels
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda job: nvcc_compile(job[0], str(tmp_path), job[1]), jobs))
     for cmd, result in results:
@@ -157,7 +158,7 @@ def test_cuda_glue_compiles(tmp_path):
     (shim / "cuda_cmake_macros.h").write_text("#pragma once\n")
     includes = cpp_extension.include_paths() + [CUDA_INCLUDE, os.path.join(ROOT, "csrc"), str(tmp_path)]
     for source in ("csrc/cuda/forward_cuda.cpp", "csrc/cuda/backward_cuda.cpp", "csrc/cuda/glue.cpp",
-                   "csrc/cuda/sm90/bindings_sm90.cpp"):
+                   "csrc/cuda/decode_cuda.cpp", "csrc/cuda/sm90/bindings_sm90.cpp"):
         cmd = ["g++", "-fsyntax-only", "-std=c++17", "-DFLASHOP_WITH_CUDA", os.path.join(ROOT, source)]
         cmd += [f"-I{p}" for p in includes]
         cmd += [f"-I{__import__('sysconfig').get_paths()['include']}"]

@@ -47,7 +47,7 @@ def paged(cache, page_size, num_blocks, generator):
 
 def run_case(device, dtype, seqlen_q=3, seqlen_cache=70, seqlen_new=3, heads=(4, 2), d=40, causal=True,
              window=(-1, -1), softcap=0.0, alibi=False, sink=False, rotary=0, interleaved=True, leftpad=False,
-             batch_idx=False, page_size=None, append=True, seed=0):
+             batch_idx=False, page_size=None, append=True, num_splits=0, seed=0):
     batch = 3
     hq, hk = heads
     gen = torch.Generator().manual_seed(seed)
@@ -101,8 +101,8 @@ def run_case(device, dtype, seqlen_q=3, seqlen_cache=70, seqlen_new=3, heads=(4,
     out, lse = flashop.flash_attn_with_kvcache(
         to(q), k_cache, v_cache, to(k), to(v), rotary_cos=to(cos), rotary_sin=to(sin), cache_seqlens=to(lens),
         cache_batch_idx=to(idx), cache_leftpad=to(pad), block_table=block_table, causal=causal, window_size=window,
-        softcap=softcap, rotary_interleaved=interleaved, alibi_slopes=to(slopes), return_softmax_lse=True,
-        learnable_sink=to(sinks))
+        softcap=softcap, rotary_interleaved=interleaved, alibi_slopes=to(slopes), num_splits=num_splits,
+        return_softmax_lse=True, learnable_sink=to(sinks))
     assert out.shape == q.shape and lse.shape == (batch, hq, seqlen_q) and lse.dtype == torch.float32
 
     # The append, element by element; nothing else in the cache changed. A rotated key may differ from the
@@ -149,6 +149,13 @@ CASES = {  # name: run_case keyword arguments
     "paged64_rotary_leftpad": dict(page_size=64, rotary=32, leftpad=True),
     "paged256": dict(page_size=256, seqlen_cache=300),
     "mqa_headdim_59": dict(heads=(4, 1), d=59),
+    # On CUDA these run the split-KV decode kernels (at most 8 query rows per KV head), keys split over CTAs.
+    "decode_splits_sink": dict(seqlen_q=1, seqlen_new=1, seqlen_cache=300, num_splits=5, sink=True),
+    "decode_paged_splits_alibi_window": dict(seqlen_q=2, seqlen_new=1, page_size=16, seqlen_cache=200, num_splits=7,
+                                             alibi=True, window=(50, 0)),
+    "decode_gqa8_d128_softcap": dict(seqlen_q=1, seqlen_new=1, heads=(8, 1), d=128, num_splits=3, softcap=5.0),
+    "decode_d256_leftpad": dict(seqlen_q=2, seqlen_new=2, d=256, leftpad=True, num_splits=2),
+    "decode_batch_idx_d64": dict(seqlen_q=1, seqlen_new=1, d=64, batch_idx=True, causal=False),
 }
 
 
@@ -159,6 +166,19 @@ def test_kvcache_matches_reference(device, dtype, case):
     if cuda_cannot_run(device, dtype, CASES[case].get("d", 40)):
         pytest.skip("CUDA kernels take float16/bfloat16")
     run_case(device, dtype, seed=int(torch.randint(0, 2**31, ())), **CASES[case])
+
+
+def test_decode_kernels_are_chosen_for_few_rows_per_kv_head():
+    """The split-KV decode kernels take CUDA fp16/bf16 calls with at most 8 query rows per KV head and a headdim
+    that is a multiple of 8; the packed-batch forward takes the rest (and every CPU call)."""
+    if not (flashop._C.WITH_CUDA and torch.cuda.is_available()):
+        pytest.skip("needs a CUDA build and a CUDA device")
+    cache = torch.zeros(2, 64, 2, 64, dtype=torch.bfloat16, device="cuda")
+    q = torch.zeros(2, 1, 8, 64, dtype=torch.bfloat16, device="cuda")
+    assert flashop._C.decode_supported(q, cache, cache)
+    assert not flashop._C.decode_supported(torch.zeros(2, 3, 8, 64, dtype=torch.bfloat16, device="cuda"), cache, cache)
+    assert not flashop._C.decode_supported(q[..., :60], cache[..., :60], cache[..., :60])
+    assert not flashop._C.decode_supported(q.float(), cache.float(), cache.float())
 
 
 def test_cache_seqlens_as_int_and_whole_cache_without_it():
