@@ -75,6 +75,10 @@ METHOD = """\
 * **Packed batches** (`--varlen`): 32k tokens of causal sequences with lengths uniform in 128..4096 (a fixed
   seed), bf16 d128, 16 heads, against `torch.nn.attention.varlen.varlen_attn` and flashop's own dense causal
   batch at the mean length; FLOPs of the causal pairs of each sequence.
+* **Decode** (`--decode`): one query token per sequence over a full KV cache (32 query / 8 KV heads, d128,
+  bf16; batch 1, 8 and 64, 4k to 128k cached tokens): `flash_attn_with_kvcache` on a contiguous cache and on
+  pages of 16 and 256 tokens, torch's SDPA with the FLASH and CUDNN backends on the same memory
+  (`enable_gqa`), and a device-to-device copy of the cache as the bandwidth ceiling; GB/s of K/V read.
 * **Ratios** are peer time / flashop time: > 1 means flashop is faster. The summary gives the harmonic
   mean of each row's ratios over the sequence lengths.
 * Regenerate a device's section with `python -m flashop.bench --device cuda --modes fwd bwd fwd+bwd
@@ -503,6 +507,87 @@ def varlen_section(report: dict, heading: str = "##") -> str:
     return "\n".join(lines + _table(head, rows) + [""])
 
 
+# --- decode: one query token over a KV cache, against torch's SDPA and the copy bandwidth ------------------------
+
+
+DECODE_SHAPES = ((1, (4096, 16384, 65536, 131072)), (8, (4096, 16384, 32768, 131072)), (64, (4096, 16384)))
+DECODE_PAGES = (16, 256)
+
+
+def _paged(cache, page_size, gen):
+    """cache (B, L, Hk, D) as pages (B * L / page_size, page_size, Hk, D) in random order, and its block table."""
+    batch, length = cache.shape[:2]
+    pages = length // page_size
+    order = torch.randperm(batch * pages, generator=gen).to(cache.device)
+    store = torch.empty(batch * pages, page_size, *cache.shape[2:], dtype=cache.dtype, device=cache.device)
+    store[order] = cache.reshape(batch * pages, page_size, *cache.shape[2:])
+    return store, order.view(batch, pages).to(torch.int32)
+
+
+def run_decode_cases(args) -> list[dict]:
+    """One new query token per sequence over a full cache (32 query / 8 KV heads unless --heads, d128, bf16: the
+    first of --dtypes/--headdims): flashop.flash_attn_with_kvcache on a contiguous cache and on pages of 16 and 256,
+    torch's SDPA (FLASH and CUDNN backends, enable_gqa) on the same memory, and a device-to-device copy of the
+    cache. Speed: K/V bytes read per second (the copy: bytes read and written)."""
+    dtype_name, headdim = (args.dtypes or ["bf16"])[0], (args.headdims or [128])[0]
+    heads_q, heads_k = args.heads or 32, max(1, (args.heads or 32) // 4)
+    dtype, gen = DTYPES[dtype_name], torch.Generator().manual_seed(0)
+    rows = []
+    for batch, lengths in DECODE_SHAPES:
+        for length in lengths:
+            cache_k, cache_v = (torch.randn(batch, length, heads_k, headdim, device=args.device, dtype=dtype)
+                                for _ in range(2))
+            q = torch.randn(batch, 1, heads_q, headdim, device=args.device, dtype=dtype)
+            lens = torch.full((batch,), length, dtype=torch.int32, device=args.device)
+            attends = {"flashop": lambda: flashop.flash_attn_with_kvcache(q, cache_k, cache_v, cache_seqlens=lens)}
+            for page_size in DECODE_PAGES:
+                (k_pages, table), (v_pages, _) = _paged(cache_k, page_size, gen), _paged(cache_v, page_size, gen)
+                attends[f"flashop_page{page_size}"] = (
+                    lambda k_pages=k_pages, v_pages=v_pages, table=table: flashop.flash_attn_with_kvcache(
+                        q, k_pages, v_pages, cache_seqlens=lens, block_table=table))
+            for peer, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                def sdpa(backend=backend):
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(q.transpose(1, 2), cache_k.transpose(1, 2),
+                                                              cache_v.transpose(1, 2), enable_gqa=True)
+                attends[peer] = sdpa
+            copy_k = torch.empty_like(cache_k)
+            attends["copy"] = lambda copy_k=copy_k: copy_k.copy_(cache_k)
+            ms = {}
+            for impl, attend in attends.items():
+                try:
+                    with torch.no_grad():
+                        attend()
+                        ms[impl] = median_ms(attend, args.device)
+                except (RuntimeError, NotImplementedError) as err:
+                    print(f"  decode: {impl} failed (batch {batch}, {length}): {str(err).splitlines()[0]}")
+            kv_bytes = 2 * batch * length * heads_k * headdim * cache_k.element_size()
+            rows.append(dict(batch=batch, seqlen_k=length, heads_q=heads_q, heads_k=heads_k, headdim=headdim,
+                             dtype=dtype_name, kv_bytes=kv_bytes, ms={impl: _json_ms(t) for impl, t in ms.items()}))
+            del cache_k, cache_v, attends, copy_k
+    return rows
+
+
+def decode_section(report: dict, heading: str = "##") -> str:
+    lines = [f"{heading}# Decode", "",
+             "One query token per sequence over a full KV cache: GB/s of K/V read (the copy: of the cache's K "
+             "read and written), higher is better; ratios: flashop's contiguous cache against the peer.", ""]
+    impls = ["flashop", "flashop_page16", "flashop_page256", "flash", "cudnn", "copy"]
+    head = ["batch", "cached", "heads q/kv", "d"] + [PEER_LABELS.get(i, i) for i in impls] + ["vs FA2", "vs cuDNN"]
+    rows = []
+    for r in report["decode"]:
+        speed = {}
+        for impl in impls:
+            ms = r["ms"].get(impl)
+            # The copy moves K only, read and written: as many bytes as K and V read.
+            speed[impl] = r["kv_bytes"] / (ms * 1e-3) / 1e9 if ms else None
+        ours = speed["flashop"]
+        ratio = {p: ours / speed[p] if ours and speed.get(p) else None for p in ("flash", "cudnn")}
+        rows.append([str(r["batch"]), str(r["seqlen_k"]), f"{r['heads_q']}/{r['heads_k']}", str(r["headdim"])]
+                    + [_fmt(speed[i], ".0f") for i in impls] + [_fmt(ratio["flash"], ".2f"), _fmt(ratio["cudnn"], ".2f")])
+    return "\n".join(lines + _table(head, rows) + [""])
+
+
 # --- the report: a JSON-able dict per device, rendered to markdown and a plot ------------------------------
 
 
@@ -624,6 +709,8 @@ def device_section(report: dict, heading: str = "##") -> str:
         lines += [variants_section(report, heading), ""]
     if report.get("varlen"):
         lines += [varlen_section(report, heading), ""]
+    if report.get("decode"):
+        lines += [decode_section(report, heading), ""]
     if not report["results"]:
         return "\n".join(lines)
     modes = _modes(report)
@@ -800,7 +887,10 @@ def parse_args(argv=None):
     p.add_argument("--varlen", action="store_true", help="also time a packed batch (--tokens tokens of lengths "
                    "uniform in 128..4096, causal) against torch's varlen_attn and flashop's dense batch at the mean "
                    "length")
-    p.add_argument("--no-sweep", action="store_true", help="skip the dense sweep (with --variants or --varlen)")
+    p.add_argument("--decode", action="store_true", help="also time one query token over KV caches of 4k..128k "
+                   "tokens (batch 1, 8, 64; contiguous and paged) against torch's SDPA and the copy bandwidth")
+    p.add_argument("--no-sweep", action="store_true", help="skip the dense sweep (with --variants, --varlen or "
+                   "--decode)")
     args = p.parse_args(argv)
     args.tokens = args.tokens or (32768 if args.device == "cuda" else 4096)
     args.rounds = args.rounds or (3 if args.device == "cuda" else 1)
@@ -830,6 +920,8 @@ def main(argv=None):
         report["window_cost"] = window_cost_rows(args) if args.device == "cuda" else []
     if args.varlen:
         report["varlen"] = run_varlen_cases(args)
+    if args.decode:
+        report["decode"] = run_decode_cases(args)
     print(device_section(report, heading="#"))
     if args.out_dir:
         write_report(report, args.out_dir, f"bench_{args.device}", markdown=True)

@@ -149,3 +149,18 @@ def test_varlen_section_ratios():
                                                                                 "dense": 5.0})
     markdown = bench.device_section(dict(gpu_report(), results=[], varlen=[row]))
     assert "| fwd | bf16 | 128 | 16 | 3 (100, 150) | 300.0 | 150.0 | 2.00 | 400.0 | 0.75 |" in markdown
+
+
+def test_decode_rows_and_section(monkeypatch):
+    """--decode on tiny caches: every implementation runs (the peers may refuse), and the section gives GB/s of
+    K/V read and flashop's ratios."""
+    monkeypatch.setattr(bench, "DECODE_SHAPES", ((2, (256,)),))
+    monkeypatch.setattr(bench, "median_ms", lambda fn, device: (fn(), 1.0)[1])
+    args = bench.parse_args(["--device", "cpu", "--decode", "--no-sweep", "--heads", "8"])
+    rows = bench.run_decode_cases(args)
+    assert len(rows) == 1 and {"flashop", "flashop_page16", "flashop_page256", "copy"} <= rows[0]["ms"].keys()
+    assert rows[0]["kv_bytes"] == 2 * 2 * 256 * 2 * 128 * 2
+    row = dict(rows[0], ms={"flashop": 1e-3, "flashop_page16": 2e-3, "flashop_page256": 1e-3, "flash": 2e-3,
+                            "cudnn": 4e-3, "copy": 5e-4})  # 524288 bytes: 524 GB/s at 1 us
+    markdown = bench.device_section(dict(gpu_report(), results=[], decode=[row]))
+    assert "| 2 | 256 | 8/2 | 128 | 524 | 262 | 524 | 262 | 131 | 1049 | 2.00 | 4.00 |" in markdown

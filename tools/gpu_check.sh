@@ -25,6 +25,8 @@
 #             (flashop.bench --variants --no-sweep; BENCH_ARGS applies) into $OUT/bench_cuda.{md,json}.
 #   varlen    a packed batch against torch's varlen_attn and the dense batch at the mean length
 #             (flashop.bench --varlen --no-sweep; BENCH_ARGS applies) into $OUT/bench_cuda.{md,json}.
+#   decode    one query token over KV caches of 4k..128k tokens, contiguous and paged, against torch's SDPA
+#             backends and the copy bandwidth (flashop.bench --decode --no-sweep; BENCH_ARGS applies).
 #   quick     a short benchmark (bf16, d64/d128, seqlens 1k/4k/16k, fwd) into $OUT/bench_cuda.{md,json,png};
 #             BENCH_ARGS applies here too.
 #   compare   every candidate config timed per shape, relative to the fastest (flashop.tune --dry-run, no cache
@@ -42,7 +44,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 usage() { sed -n '2,/^set -uo/{/^#/{s/^# \{0,1\}//;p}}' "$0"; }
-known=" prebuilt build pack test sanitize bench variants varlen quick compare policy fa2 profile "
+known=" prebuilt build pack test sanitize bench variants varlen decode quick compare policy fa2 profile "
 for arg in "$@"; do
   case "$arg" in
     -h|--help) usage; exit 0 ;;
@@ -118,6 +120,11 @@ if has varlen; then
   step "packed batch vs varlen_attn"
   python3 -m flashop.bench --device cuda --varlen --no-sweep --out-dir "$OUT" ${BENCH_ARGS:-} 2>&1 \
     | grep -v "it/s\]" | tail -12
+fi
+if has decode; then
+  step "decode vs SDPA and the copy bandwidth"
+  python3 -m flashop.bench --device cuda --decode --no-sweep --out-dir "$OUT" ${BENCH_ARGS:-} 2>&1 \
+    | grep -v "it/s\]" | tail -16
 fi
 if has quick; then
   step "quick bench"
