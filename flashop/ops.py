@@ -99,9 +99,15 @@ if _C.WITH_CUDA:
         meta.check_softmax_scale(softmax_scale)
         dispatch.check_config(config, q.device, q.dtype, q.size(-1), "forward", variants=requested,
                               packed=packed is not None)
+        scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
+        if config is None and packed is None and k.size(1) > 0 and _C.decode_supported(q, k, v):
+            # At most 8 query rows per KV head (decoding through flash_attn_func): the split-KV decode kernels
+            # (csrc/cuda/decode/), with k and v as a cache every sequence fills.
+            left, right, cap, slopes = variants
+            return _C.decode_forward(q, k, v, None, None, None, None, scale, left, right, cap, slopes, learnable_sink,
+                                     0)
         if config is None:
             config = dispatch.config_for(q, k, causal, "forward", variants_on, packed)
-        scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
         headdim = q.size(-1)
         q, k, v = _pad_headdim(q, k, v)
         native = dispatch.hopper_module() if config.startswith("sm90.") else _C

@@ -10,7 +10,7 @@ import torch
 
 import flashop
 from conftest import DEVICES, cuda_cannot_run
-from reference import assert_close_to_reference, attention_reference
+from reference import assert_close_to_reference, assert_grad_close_to_reference, attention_reference
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -290,3 +290,41 @@ def test_opcheck():
             None, torch.tensor([1, 0], dtype=torch.int32), None, None, True, -1, -1, 0.0, True, None, None, 0, None)
     torch.library.opcheck(torch.ops.flashop.forward_kvcache.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+DECODE_VARIANTS = {  # flash_attn_func keyword arguments
+    "dense": dict(),
+    "causal_window": dict(causal=True, window_size=(40, 0)),
+    "softcap_alibi": dict(softcap=6.0, alibi=True),
+    "sink": dict(causal=True, sink=True),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(3, 1, 8, 2, 1, 64), (2, 1, 8, 1, 777, 128), (2, 2, 8, 4, 300, 256),
+                                   (1, 4, 4, 2, 2000, 96)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("variant", list(DECODE_VARIANTS))
+def test_flash_attn_func_with_few_query_rows(device, dtype, shape, variant):
+    """flash_attn_func with at most 8 query rows per KV head (on CUDA: the split-KV decode kernels) against the
+    float64 reference: out, lse, and the gradients through the backward from that lse."""
+    batch, seqlen_q, hq, hk, seqlen_k, d = shape
+    args = dict(DECODE_VARIANTS[variant])
+    alibi, sink = args.pop("alibi", False), args.pop("sink", False)
+    q = torch.randn(batch, seqlen_q, hq, d, dtype=dtype, device=device, requires_grad=True)
+    k, v = (torch.randn(batch, seqlen_k, hk, d, dtype=dtype, device=device, requires_grad=True) for _ in range(2))
+    slopes = torch.rand(batch, hq, device=device) * 0.3 if alibi else None
+    sinks = torch.randn(hq, device=device) if sink else None
+    out, lse, _ = flashop.flash_attn_func(q, k, v, alibi_slopes=slopes, learnable_sink=sinks, return_attn_probs=True,
+                                          **args)
+    variant_args = dict(args, alibi_slopes=slopes, learnable_sink=sinks)
+    ref, ref_lse = attention_reference(q, k, v, upcast=True, **variant_args)
+    lowp, _ = attention_reference(q, k, v, upcast=False, **variant_args)
+    assert_close_to_reference(out, ref, lowp, "out")
+    torch.testing.assert_close(lse.double(), ref_lse.double(), atol=2e-3, rtol=2e-3)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), dout.double())
+    lowp_grads = torch.autograd.grad(lowp, (q, k, v), dout)
+    for name, g, r, lp in zip(("dq", "dk", "dv"), grads, ref_grads, lowp_grads):
+        assert_grad_close_to_reference(g, r, lp, name)
