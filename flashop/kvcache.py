@@ -65,6 +65,7 @@ def apply_rotary(x, cos, sin, positions, interleaved):
     angles at positions (batch, seqlen): GPT-J's interleaved pairs (x0, x1), (x2, x3), ... or GPT-NeoX's halves.
     Computed in float32, returned in x's dtype."""
     rotary_dim = 2 * cos.size(1)
+    positions = positions.clamp(0, cos.size(0) - 1)  # checked in eager; inside a CUDA graph, kept in the table
     c = cos[positions].float()[:, :, None]  # (batch, seqlen, 1, rotary_dim / 2)
     s = sin[positions].float()[:, :, None]
     rot = x[..., :rotary_dim].float()
@@ -86,15 +87,18 @@ def _cache_rows(cache, cache_batch_idx, block_table, capacity):
 
 
 def _append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
-    """Writes k and v (batch, seqlen_new, nheads_k, headdim) at positions cache_seqlens[b] + t, in place."""
+    """Writes k and v (batch, seqlen_new, nheads_k, headdim) at positions cache_seqlens[b] + t, in place. The
+    positions and rows are clamped into the cache (checked in eager; inside a CUDA graph they cannot be)."""
     batch, seqlen_new = k.shape[:2]
     positions = cache_seqlens.long()[:, None] + torch.arange(seqlen_new, device=k.device)  # (batch, seqlen_new)
     if block_table is not None:
         page_size = k_cache.size(1)
+        positions = positions.clamp(0, block_table.size(1) * page_size - 1)
         rows = block_table.long().gather(1, positions // page_size)
         index = (rows, positions % page_size)
     else:
-        batch_rows = (cache_batch_idx.long() if cache_batch_idx is not None
+        positions = positions.clamp(0, k_cache.size(1) - 1)
+        batch_rows = (cache_batch_idx.long().clamp(0, k_cache.size(0) - 1) if cache_batch_idx is not None
                       else torch.arange(batch, device=k.device))[:, None].expand(batch, seqlen_new)
         index = (batch_rows, positions)
     k_cache.index_put_(index, k)
@@ -117,8 +121,16 @@ def forward_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
         softmax_scale, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink, num_splits)
     rotates_every_query = causal or window_size_left >= 0 or window_size_right >= 0
-    check_kvcache_values(k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, capacity,
-                         seqlen_q, rotates_every_query)
+    decode = config is None and _C.WITH_CUDA and _C.decode_supported(q, k_cache, v_cache)
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        # A CUDA graph cannot read the index values on the host: they are the caller's contract (as in
+        # FlashAttention); every index is clamped into the cache, so a bad one reaches a wrong row, never memory
+        # outside it. Only the decode kernels read them on the device alone.
+        _check(decode, "flashop: flash_attn_with_kvcache inside a CUDA graph needs the decode kernels: CUDA fp16/bf16, "
+               "at most 8 query rows per KV head, a headdim that is a multiple of 8, config=None")
+    else:
+        check_kvcache_values(k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                             capacity, seqlen_q, rotates_every_query)
     if block_table is not None:
         block_table = _clamped_table(block_table, k_cache.size(0))
 
@@ -136,7 +148,7 @@ def forward_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary
         q = apply_rotary(q, rotary_cos, rotary_sin, cache_seqlens.long()[:, None] + steps, rotary_interleaved)
 
     end = cache_seqlens + seqlen_new if cache_seqlens is not None else None
-    if config is None and _C.WITH_CUDA and _C.decode_supported(q, k_cache, v_cache):
+    if decode:
         # Few query rows per KV head: the split-KV decode kernels read the cache in place, paged or not.
         _, left, right = meta.normalize_window(causal, window_size_left, window_size_right, seqlen_q, capacity)
         scale = softmax_scale if softmax_scale is not None else headdim ** -0.5

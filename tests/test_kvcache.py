@@ -328,3 +328,47 @@ def test_flash_attn_func_with_few_query_rows(device, dtype, shape, variant):
     lowp_grads = torch.autograd.grad(lowp, (q, k, v), dout)
     for name, g, r, lp in zip(("dq", "dk", "dv"), grads, ref_grads, lowp_grads):
         assert_grad_close_to_reference(g, r, lp, name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_decode_step_replays_in_a_cuda_graph():
+    """A decode step (append one token, rotary, attend) captured once and replayed with new cache lengths, new
+    tokens and new queries written into its static inputs: each replay appends where cache_seqlens says and
+    matches the float64 reference."""
+    dtype, device = torch.bfloat16, "cuda"
+    batch, hq, hk, d, seqlen_cache = 3, 8, 2, 128, 512
+    k_cache, v_cache = (torch.randn(batch, seqlen_cache, hk, d, dtype=dtype, device=device) for _ in range(2))
+    angle = torch.rand(seqlen_cache, 32, device=device) * 6.28
+    cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    q, k, v = (torch.randn(batch, 1, h, d, dtype=dtype, device=device) for h in (hq, hk, hk))
+    lens = torch.tensor([5, 100, 300], dtype=torch.int32, device=device)
+
+    def step():
+        return flashop.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
+                                               cache_seqlens=lens, causal=True)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up outside the graph
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for t in range(3):
+        new_lens = torch.tensor([6 + t, 200 + 7 * t, 400 + t], dtype=torch.int32, device=device)
+        lens.copy_(new_lens)
+        for static in (q, k, v):
+            static.copy_(torch.randn_like(static))
+        graph.replay()
+        torch.cuda.synchronize()
+        for b in range(batch):
+            n = int(new_lens[b])
+            position = torch.tensor([[n]], device=device)
+            k_rot = flashop.kvcache.apply_rotary(k[b:b + 1], cos, sin, position, True)
+            assert torch.equal(k_cache[b, n], k_rot[0, 0]) and torch.equal(v_cache[b, n], v[b, 0])
+            q_rot = flashop.kvcache.apply_rotary(q[b:b + 1], cos, sin, position, True)
+            ref, _ = attention_reference(q_rot, k_cache[b:b + 1, :n + 1], v_cache[b:b + 1, :n + 1], causal=True)
+            lowp, _ = attention_reference(q_rot, k_cache[b:b + 1, :n + 1], v_cache[b:b + 1, :n + 1], causal=True,
+                                          upcast=False)
+            assert_close_to_reference(out[b:b + 1], ref, lowp, f"out[{b}] at step {t}")
