@@ -116,12 +116,15 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) 
   const float softcap = p.variants.softcap;
 
   // The rows' queries in score units (times the softmax scale), 8 columns per lane.
+  // diag_of[r]: the last key (relative) row r's query sees without a window, i + diag.
   float q[kRows][8], slope[kRows];
+  int diag_of[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
 #pragma unroll
     for (int c = 0; c < 8; ++c) q[r][c] = 0.f;
     slope[r] = 0.f;
+    diag_of[r] = r % p.seqlen_q + diag;
     if (r < rows) {
       const int head = kv_head * p.head_ratio + r / p.seqlen_q, i = r % p.seqlen_q;
       if (has_cols) {
@@ -185,12 +188,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) 
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if (r >= rows) continue;
-      const int i = r % p.seqlen_q;
-      const bool seen = valid && (left < 0 || rel >= i + diag - left) && (right < 0 || rel <= i + diag + right);
+      const bool seen = valid && (left < 0 || rel >= diag_of[r] - left) && (right < 0 || rel <= diag_of[r] + right);
       if (!seen) continue;
       float score = s[r];
       if (softcap > 0.f) score = softcap * tanhf(score / softcap);
-      score -= slope[r] * fabsf(float(i + diag - rel));
+      score -= slope[r] * fabsf(float(diag_of[r] - rel));
       const float new_max = fmaxf(row_max[r], score);
       const float rescale = exp_nonpositive(row_max[r] - new_max);
       const float prob = exp_nonpositive(score - new_max);
