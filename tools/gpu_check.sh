@@ -12,7 +12,8 @@
 #             from ptxas in $OUT/ptxas.txt).
 #   pack      the built modules as $OUT/so.tgz.aa, .ab, ... (15 MiB pieces) for a later `prebuilt`.
 #   test      the CUDA tests (pytest -k "$TEST_K", default "cuda or sm90 or hopper or timed"; TEST_TIMEOUT seconds,
-#             default 900, stops a hanging run). $OUT/test_cuda.log.
+#             default 900, stops a hanging run; TEST_PATHS: test files, default tests/; TEST_JOBS: pytest-xdist
+#             workers sharing the GPU). $OUT/test_cuda.log.
 #   sanitize  compute-sanitizer (SANITIZE_TOOLS, default "memcheck racecheck") over tools/sanitize_cases.py on small
 #             shapes; SANITIZE_CONFIGS (fnmatch patterns over config names, the Hopper ones start with "sm90.")
 #             narrows it (default: the bf16 mma.sync configs of widths 64, 128, 160 and 256 and every bf16 Hopper
@@ -87,7 +88,7 @@ fi
 
 if has test; then
   step test
-  timeout "${TEST_TIMEOUT:-900}" python3 -m pytest -q -rfEs tests -k "${TEST_K:-cuda or sm90 or hopper or timed}" 2>&1 \
+  timeout -s INT -k 30 "${TEST_TIMEOUT:-900}" python3 -m pytest -q -rfEs ${TEST_JOBS:+-n $TEST_JOBS} ${TEST_PATHS:-tests} -k "${TEST_K:-cuda or sm90 or hopper or timed}" 2>&1 \
     | tee "$OUT/test_cuda.log" | tail -25
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
