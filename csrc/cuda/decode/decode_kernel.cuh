@@ -1,24 +1,28 @@
 // Split-KV decode: a few query rows per sequence (one new token, or a short draft, times the query heads
-// that share a KV head) against a long KV cache. The work is reading K and V once, so the kernel is built
-// around the loads, not the tensor cores: each CTA takes one (split of the keys, KV head, sequence), all
-// the query rows of that KV head's group at once (GQA packing: every K/V byte is read once per group),
-// and its 128 threads stream the split's keys with 16-byte loads.
+// that share a KV head) against a long KV cache. The work is reading K and V once at the memory's speed, so
+// the kernel is built around the loads: each CTA takes one (split of the keys, KV head, sequence) and all
+// the query rows of that KV head's group at once (GQA packing: every K/V byte is read once per group).
 //
-//   lanes:   a key's headdim is spread over kWidth / 8 lanes (8 columns, one 16-byte load each), so a
-//            warp holds 32 / (kWidth / 8) keys at a time and the CTA kGroups keys (its key slots);
-//   scores:  each lane's partial dot products for every row, summed over the key's lanes by shuffles;
-//   softmax: every key slot keeps its own running max, sum and output (no barrier in the loop), merged
-//            through shared memory at the end;
+//   loads:   blocks of kBlockKeys keys of K and V stream into shared memory through a kStages-deep
+//            cp.async pipeline (16-byte copies, swizzled rows as the mma.sync kernels keep them), each
+//            row's address looked up on its own (paged caches: any page size);
+//   scores:  each warp takes 16 keys of a block: S = Q K^T with mma.m16n8k16, the group's (at most 8)
+//            query rows as M (rows 8-15 are zero registers), keys as N;
+//   softmax: every warp keeps its own running max, sum and output per row (no barrier but the
+//            pipeline's), merged through shared memory at the end;
+//   output:  O^T += V^T P^T, head dimensions as M and the rows as N, so the scores' accumulator is P's
+//            operand as it stands and no register holds a padding row;
 //   splits:  with num_splits > 1 every CTA writes its normalised partial output and log-sum-exp, and
 //            combine_kernel merges the splits of each row (and adds the sink).
-// Plain data in (decode_params.h); every index read from a tensor is clamped into the cache.
+// Plain data in (decode_params.h); every index read from a tensor is clamped into the cache. Built from the
+// sm80 instruction wrappers, so tests/decode_emulator runs it on the CPU emulator as well.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
+#include "../sm80/tiles.cuh"
 #include "decode_params.h"
 
 namespace flashop {
@@ -26,45 +30,50 @@ namespace decode {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
+constexpr int kRowsPerGroup = 8;  // the mma's N: query rows per KV head a CTA takes at most
+constexpr int kKeysPerWarp = 16;
+constexpr int kBlockKeys = kWarps * kKeysPerWarp;
+constexpr int kStages = 3;
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <typename T>
-__device__ __forceinline__ void widen8(const uint4& raw, float (&f)[8]);
+// Shared memory of one CTA: kStages blocks of K and V (kBlockKeys x kWidth each), reused after the loop for
+// the warps' merge (their rows' max, sum and output).
+template <int kWidth>
+struct DecodeSmem {
+  using Tile = sm80::SmemTile<kBlockKeys, kWidth>;
+  static constexpr uint32_t kStageBytes = 2 * Tile::kBytes;  // K, then V
+  static constexpr uint32_t kMergeOut = 0;
+  static constexpr uint32_t kMergeMax = kMergeOut + sizeof(float) * kWarps * kRowsPerGroup * kWidth;
+  static constexpr uint32_t kMergeSum = kMergeMax + sizeof(float) * kWarps * kRowsPerGroup;
+  static constexpr uint32_t kMergeBytes = kMergeSum + sizeof(float) * kWarps * kRowsPerGroup;
+  static constexpr uint32_t kBytes = std::max(kStages * kStageBytes, kMergeBytes);
+};
 
-template <>
-__device__ __forceinline__ void widen8<__half>(const uint4& raw, float (&f)[8]) {
-  const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 x = __half22float2(h[i]);
-    f[2 * i] = x.x;
-    f[2 * i + 1] = x.y;
-  }
+FLASHOP_SM80_DEV int clamp_index(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+// exp(x) for x <= 0, and 0 for x = -inf.
+FLASHOP_SM80_DEV float exp_nonpositive(float x) { return sm80::exp2_approx(x * kLog2e); }
+
+// The log-sum-exp and output scale of a row once its sink joins the keys' sum: lse over the keys (-inf
+// when it saw none) becomes log(exp(lse) + exp(sink)), and the output, normalised over the keys, is
+// multiplied by exp(lse) / (exp(lse) + exp(sink)).
+FLASHOP_SM80_DEV float add_sink(float& lse, float sink) {
+  const float top = fmaxf(lse, sink);
+  const float keys = exp_nonpositive(lse - top), total = keys + exp_nonpositive(sink - top);
+  lse = top + logf(total);
+  return keys / total;
 }
 
-template <>
-__device__ __forceinline__ void widen8<__nv_bfloat16>(const uint4& raw, float (&f)[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 x = __bfloat1622float2(h[i]);
-    f[2 * i] = x.x;
-    f[2 * i + 1] = x.y;
-  }
-}
-
 template <typename T>
-__device__ __forceinline__ T narrow(float x);
+FLASHOP_SM80_DEV T narrow(float x);
 template <>
-__device__ __forceinline__ __half narrow<__half>(float x) { return __float2half_rn(x); }
+FLASHOP_SM80_DEV __half narrow<__half>(float x) { return __float2half_rn(x); }
 template <>
-__device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-__device__ __forceinline__ int clamp_index(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
+FLASHOP_SM80_DEV __nv_bfloat16 narrow<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 // Element offset of position `pos` of sequence b in a cache (head and columns are the caller's).
-__device__ __forceinline__ int64_t cache_offset(const DecodeParams& p, int b, int cache_row, int pos,
-                                                int64_t batch_stride, int64_t row_stride) {
+FLASHOP_SM80_DEV int64_t cache_offset(const DecodeParams& p, int b, int cache_row, int pos, int64_t batch_stride,
+                                      int64_t row_stride) {
   if (p.block_table != nullptr) {
     const int page = clamp_index(p.block_table[b * p.block_table_stride + pos / p.page_size], 0, p.num_blocks - 1);
     return int64_t(page) * batch_stride + int64_t(pos % p.page_size) * row_stride;
@@ -72,163 +81,205 @@ __device__ __forceinline__ int64_t cache_offset(const DecodeParams& p, int b, in
   return int64_t(cache_row) * batch_stride + int64_t(pos) * row_stride;
 }
 
-// exp(x) for x <= 0, and 0 for x = -inf.
-__device__ __forceinline__ float exp_nonpositive(float x) { return exp2f(x * kLog2e); }
-
-// The log-sum-exp and output scale of a row once its sink joins the keys' sum: lse over the keys (-inf
-// when it saw none) becomes log(exp(lse) + exp(sink)), and the output, normalised over the keys, is
-// multiplied by exp(lse) / (exp(lse) + exp(sink)).
-__device__ __forceinline__ float add_sink(float& lse, float sink) {
-  const float top = fmaxf(lse, sink);
-  const float keys = exp_nonpositive(lse - top), total = keys + exp_nonpositive(sink - top);
-  lse = top + logf(total);
-  return keys / total;
+// Issues the copies of keys [key0, key0 + kBlockKeys) of K and V into one stage. Keys at or past key_end
+// and columns at or past headdim are zero-filled (zeros add nothing to a score, and a zero V row times a
+// zero probability stays zero); their source is clamped to the first key and column, which exist.
+template <typename T, int kWidth>
+FLASHOP_SM80_DEV void load_block(const DecodeParams& p, uint32_t stage, const T* k_head, const T* v_head, int b,
+                                 int cache_row, int key0, int key_first, int key_end, int tid) {
+  using Tile = typename DecodeSmem<kWidth>::Tile;
+  constexpr int kChunksPerRow = kWidth / 8;
+  constexpr int kCopies = kBlockKeys * kChunksPerRow / kThreads;  // per thread, of each of K and V
+  static_assert(kBlockKeys * kChunksPerRow % kThreads == 0, "the threads must share the copies evenly");
+#pragma unroll
+  for (int i = 0; i < kCopies; ++i) {
+    const int idx = tid + i * kThreads;
+    const int row = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
+    const bool valid = key0 + row < key_end && chunk * 8 < p.headdim;
+    const int pos = valid ? key0 + row : key_first;
+    const int col = valid ? chunk * 8 : 0;
+    const int64_t k_off = cache_offset(p, b, cache_row, pos, p.k_batch_stride, p.k_row_stride) + col;
+    const int64_t v_off = cache_offset(p, b, cache_row, pos, p.v_batch_stride, p.v_row_stride) + col;
+    const uint32_t dst = stage + Tile::offset(row, chunk);
+    sm80::cp_async_16(dst, k_head + k_off, valid);
+    sm80::cp_async_16(dst + Tile::kBytes, v_head + v_off, valid);
+  }
 }
 
-template <typename T, int kWidth, int kRows>
-__global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) {
-  constexpr int kLanesPerKey = kWidth / 8;
-  constexpr int kKeysPerWarp = 32 / kLanesPerKey;
-  constexpr int kGroups = kWarps * kKeysPerWarp;
-  __shared__ float s_out[kGroups][kRows][kWidth];
-  __shared__ float s_max[kGroups][kRows];
-  __shared__ float s_sum[kGroups][kRows];
+template <typename T, int kWidth>
+FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kThreads, 1) decode_kernel(const DecodeParams p) {
+  using Smem = DecodeSmem<kWidth>;
+  using Tile = typename Smem::Tile;
+  constexpr int kSteps = kWidth / 16;  // mma k-steps of Q K^T, and m-tiles of O^T
+  FLASHOP_SM80_DYNAMIC_SMEM(smem);
+  const uint32_t smem_base = sm80::smem_u32(smem);
 
-  const int split = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int slot = lane / kLanesPerKey;
-  const int col0 = (lane % kLanesPerKey) * 8;
-  const int group = warp * kKeysPerWarp + slot;
-  const bool has_cols = col0 < p.headdim;
-  // Rows r = g * seqlen_q + i: query head kv_head * head_ratio + g, query i (rows <= kRows: the launcher).
+  const int split = sm80::block_x(), kv_head = sm80::block_y(), b = sm80::block_z();
+  const int tid = sm80::thread_x(), lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;  // the mma fragments' row group and thread in group
+  // Rows r = h * seqlen_q + i: query head kv_head * head_ratio + h, query i (rows <= 8: the launcher).
   const int rows = p.head_ratio * p.seqlen_q;
 
   const int key_end = p.key_end != nullptr ? clamp_index(p.key_end[b], 0, p.capacity) : p.capacity;
   const int key_begin = p.key_begin != nullptr ? clamp_index(p.key_begin[b], 0, key_end) : 0;
   const int n_keys = key_end - key_begin;
-  const int per_split = (n_keys + p.num_splits - 1) / p.num_splits;
-  const int first = key_begin + min(split * per_split, n_keys);
-  const int last = key_begin + min((split + 1) * per_split, n_keys);
+  // Splits own whole blocks of keys.
+  const int n_blocks = (n_keys + kBlockKeys - 1) / kBlockKeys;
+  const int per_split = (n_blocks + p.num_splits - 1) / p.num_splits;
+  const int block_first = std::min(split * per_split, n_blocks);
+  const int my_blocks = std::min(block_first + per_split, n_blocks) - block_first;
   const int cache_row = p.cache_batch_idx != nullptr ? clamp_index(p.cache_batch_idx[b], 0, p.num_blocks - 1) : b;
   // Query i's keys end at relative position i + diag (+ window_right), bottom-right aligned.
   const int diag = n_keys - p.seqlen_q;
   const int left = p.variants.window_left, right = p.variants.window_right;
   const float softcap = p.variants.softcap;
 
-  // The rows' queries in score units (times the softmax scale), 8 columns per lane.
-  // diag_of[r]: the last key (relative) row r's query sees without a window, i + diag.
-  float q[kRows][8], slope[kRows];
-  int diag_of[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int c = 0; c < 8; ++c) q[r][c] = 0.f;
-    slope[r] = 0.f;
-    diag_of[r] = r % p.seqlen_q + diag;
-    if (r < rows) {
-      const int head = kv_head * p.head_ratio + r / p.seqlen_q, i = r % p.seqlen_q;
-      if (has_cols) {
-        const T* src = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_row_stride +
-                       head * p.q_head_stride + col0;
-        widen8<T>(*reinterpret_cast<const uint4*>(src), q[r]);
-#pragma unroll
-        for (int c = 0; c < 8; ++c) q[r][c] *= p.scale;
-      }
-      if (p.variants.alibi_slopes != nullptr) slope[r] = p.variants.alibi_slopes[b * p.variants.alibi_batch_stride + head];
+  const T* k_head = static_cast<const T*>(p.k) + kv_head * p.k_head_stride;
+  const T* v_head = static_cast<const T*>(p.v) + kv_head * p.v_head_stride;
+  auto issue = [&](int block) {
+    if (block < my_blocks) {
+      load_block<T, kWidth>(p, smem_base + uint32_t(block % kStages) * Smem::kStageBytes, k_head, v_head, b,
+                            cache_row, key_begin + (block_first + block) * kBlockKeys, key_begin, key_end, tid);
     }
-  }
-
-  float row_max[kRows], row_sum[kRows], acc[kRows][8];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    row_max[r] = -INFINITY;
-    row_sum[r] = 0.f;
-#pragma unroll
-    for (int c = 0; c < 8; ++c) acc[r][c] = 0.f;
-  }
-
-  const T* k_head = static_cast<const T*>(p.k) + kv_head * p.k_head_stride + col0;
-  const T* v_head = static_cast<const T*>(p.v) + kv_head * p.v_head_stride + col0;
-  // K and V of the slot's key at `base` (zeros past the split or past headdim).
-  auto load = [&](int base, uint4& k_raw, uint4& v_raw) {
-    const int key = base + slot;
-    k_raw = v_raw = make_uint4(0, 0, 0, 0);
-    if (key < last && has_cols) {
-      k_raw = *reinterpret_cast<const uint4*>(k_head + cache_offset(p, b, cache_row, key, p.k_batch_stride,
-                                                                      p.k_row_stride));
-      v_raw = *reinterpret_cast<const uint4*>(v_head + cache_offset(p, b, cache_row, key, p.v_batch_stride,
-                                                                      p.v_row_stride));
-    }
+    sm80::cp_async_commit();  // one group per block, empty past the end: the waits count blocks
   };
-  // The loop bound is the warp's (a slot past the split joins the shuffles with a masked key). The next
-  // step's loads are issued before this step's arithmetic, so two keys per slot are in flight.
-  uint4 k_next, v_next;
-  load(first + warp * kKeysPerWarp, k_next, v_next);
-  for (int base = first + warp * kKeysPerWarp; base < last; base += kGroups) {
-    const int key = base + slot;
-    const bool valid = key < last;
-    const uint4 k_raw = k_next, v_raw = v_next;
-    if (base + kGroups < last) load(base + kGroups, k_next, v_next);
-    float kf[8], vf[8];
-    widen8<T>(k_raw, kf);
-    widen8<T>(v_raw, vf);
-    float s[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      s[r] = 0.f;
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+
+  // Q as the A operand of S = Q K^T: row g's columns 2t, 2t+1 (+8) of every k-step; rows 8-15 are zero.
+  uint32_t qa[kSteps][2];
+  const bool row_used = g < rows;
+  const int head_of_row = kv_head * p.head_ratio + g / p.seqlen_q, query_of_row = g % p.seqlen_q;
+  const T* q_row = static_cast<const T*>(p.q) + b * p.q_batch_stride + query_of_row * p.q_row_stride +
+                   head_of_row * p.q_head_stride;
 #pragma unroll
-      for (int c = 0; c < 8; ++c) s[r] = fmaf(q[r][c], kf[c], s[r]);
+  for (int ks = 0; ks < kSteps; ++ks) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int col = ks * 16 + half * 8 + 2 * t;
+      uint32_t pair = 0;
+      if (row_used && col < p.headdim) pair = *reinterpret_cast<const uint32_t*>(q_row + col);
+      qa[ks][half] = pair;
     }
+  }
+  const float slope = row_used && p.variants.alibi_slopes != nullptr
+                          ? p.variants.alibi_slopes[b * p.variants.alibi_batch_stride + head_of_row]
+                          : 0.f;
+  const int row_diag = query_of_row + diag;  // the last key (relative) row g sees without a window
+
+  // Row g's running max and this thread's share of its sum; O^T for dims 16 mt + g (+8), rows 2t, 2t+1.
+  float row_max = -INFINITY, row_sum = 0.f;
+  float acc[kSteps][4];
 #pragma unroll
-    for (int offset = kLanesPerKey / 2; offset >= 1; offset /= 2) {
+  for (int mt = 0; mt < kSteps; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+
+  // Lane addresses: K as S's B operand (plain ldmatrix), V as O^T's A operand (the same 16 keys x 16
+  // dims blocks, transposed): both read this warp's 16 keys of the stage.
+  const sm80::LdsmAddr<Tile> k_frag = sm80::b_frag_addr<Tile>(smem_base, lane);
+  const sm80::LdsmAddr<Tile> v_frag = k_frag.shifted(Tile::kBytes);
+
+  for (int block = 0; block < my_blocks; ++block) {
+    sm80::cp_async_wait<kStages - 2>();
+    sm80::barrier();  // the block has landed for everyone, and everyone is done with the stage refilled next
+    issue(block + kStages - 1);
+    const uint32_t stage = uint32_t(block % kStages) * Smem::kStageBytes;
+
+    float s[2][4] = {};
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) s[r] += __shfl_xor_sync(0xffffffffu, s[r], offset);
+    for (int ks = 0; ks < kSteps; ++ks) {
+      uint32_t kb[4];
+      sm80::ldmatrix_x4(kb, k_frag.shifted(stage).at(warp * kKeysPerWarp, ks));
+      const uint32_t a[4] = {qa[ks][0], 0u, qa[ks][1], 0u};
+      sm80::mma_16816<T>(s[0], a, kb[0], kb[1]);
+      sm80::mma_16816<T>(s[1], a, kb[2], kb[3]);
     }
-    const int rel = key - key_begin;
+
+    // Scores of row g at keys 8 nt + 2t + e of this warp's 16, in natural-log units; masked ones -inf.
+    const int rel0 = (block_first + block) * kBlockKeys + warp * kKeysPerWarp + 2 * t;
+    float block_max = -INFINITY;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (r >= rows) continue;
-      const bool seen = valid && (left < 0 || rel >= diag_of[r] - left) && (right < 0 || rel <= diag_of[r] + right);
-      if (!seen) continue;
-      float score = s[r];
-      if (softcap > 0.f) score = softcap * tanhf(score / softcap);
-      score -= slope[r] * fabsf(float(diag_of[r] - rel));
-      const float new_max = fmaxf(row_max[r], score);
-      const float rescale = exp_nonpositive(row_max[r] - new_max);
-      const float prob = exp_nonpositive(score - new_max);
-      row_sum[r] = row_sum[r] * rescale + prob;
+    for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-      for (int c = 0; c < 8; ++c) acc[r][c] = fmaf(acc[r][c], rescale, prob * vf[c]);
-      row_max[r] = new_max;
+      for (int e = 0; e < 2; ++e) {
+        const int rel = rel0 + 8 * nt + e;
+        const bool seen = rel < n_keys && (left < 0 || rel >= row_diag - left) && (right < 0 || rel <= row_diag + right);
+        float score = s[nt][e] * p.scale;
+        if (softcap > 0.f) score = softcap * tanhf(score / softcap);
+        score -= slope * fabsf(float(row_diag - rel));
+        s[nt][e] = seen ? score : -INFINITY;
+        block_max = fmaxf(block_max, s[nt][e]);
+      }
+    }
+    block_max = fmaxf(block_max, sm80::shfl_xor(block_max, 1));
+    block_max = fmaxf(block_max, sm80::shfl_xor(block_max, 2));
+    const float new_max = fmaxf(row_max, block_max);
+    const float base = new_max == -INFINITY ? 0.f : new_max;  // a row with no key yet keeps p = 0
+    const float rescale = exp_nonpositive(row_max - base);
+    row_max = new_max;
+    float probs[2][2];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) probs[nt][e] = exp_nonpositive(s[nt][e] - base);
+    }
+    row_sum = row_sum * rescale + (probs[0][0] + probs[0][1]) + (probs[1][0] + probs[1][1]);
+
+    // O^T's columns are rows 2t and 2t + 1, whose rescales live in row groups 2t and 2t + 1.
+    const float rescale_lo = sm80::shfl_idx(rescale, 8 * t), rescale_hi = sm80::shfl_idx(rescale, 8 * t + 4);
+    const uint32_t pb0 = sm80::pack2<T>(probs[0][0], probs[0][1]), pb1 = sm80::pack2<T>(probs[1][0], probs[1][1]);
+#pragma unroll
+    for (int mt = 0; mt < kSteps; ++mt) {
+      acc[mt][0] *= rescale_lo;
+      acc[mt][1] *= rescale_hi;
+      acc[mt][2] *= rescale_lo;
+      acc[mt][3] *= rescale_hi;
+      uint32_t va[4];
+      sm80::ldmatrix_x4_trans(va, v_frag.shifted(stage).at(warp * kKeysPerWarp, mt));
+      // A = V^T (dims 16 mt .. +15 x the warp's 16 keys): the matrices come as (keys 0-7, dims 0-7),
+      // (keys 0-7, dims 8-15), (keys 8-15, dims 0-7), (keys 8-15, dims 8-15); mma order is a0 = dims 0-7 /
+      // keys 0-7, a1 = dims 8-15 / keys 0-7, a2 = dims 0-7 / keys 8-15, a3 = dims 8-15 / keys 8-15.
+      const uint32_t a[4] = {va[0], va[1], va[2], va[3]};
+      sm80::mma_16816<T>(acc[mt], a, pb0, pb1);
     }
   }
 
-  // Merge the key slots: each publishes its state, then every thread finishes some (row, column) outputs.
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (col0 == 0) {
-      s_max[group][r] = row_max[r];
-      s_sum[group][r] = row_sum[r];
-    }
-#pragma unroll
-    for (int c = 0; c < 8; ++c) s_out[group][r][col0 + c] = acc[r][c];
+  // Merge the warps: each publishes its rows' state, then every thread finishes some (row, column) outputs.
+  row_sum += sm80::shfl_xor(row_sum, 1);
+  row_sum += sm80::shfl_xor(row_sum, 2);
+  sm80::cp_async_wait<0>();
+  sm80::barrier();  // the stages are free for the merge
+  float* merge_out = reinterpret_cast<float*>(smem + Smem::kMergeOut);  // [warp][row][kWidth]
+  float* merge_max = reinterpret_cast<float*>(smem + Smem::kMergeMax);  // [warp][row]
+  float* merge_sum = reinterpret_cast<float*>(smem + Smem::kMergeSum);
+  if (t == 0) {
+    merge_max[warp * kRowsPerGroup + g] = row_max;
+    merge_sum[warp * kRowsPerGroup + g] = row_sum;
   }
-  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < kSteps; ++mt) {
+    float* lo = merge_out + (warp * kRowsPerGroup + 2 * t) * kWidth + 16 * mt + g;
+    float* hi = lo + kWidth;  // row 2t + 1
+    lo[0] = acc[mt][0];
+    hi[0] = acc[mt][1];
+    lo[8] = acc[mt][2];
+    hi[8] = acc[mt][3];
+  }
+  sm80::barrier();
 
   const int64_t rows_total = int64_t(p.batch) * p.heads_q * p.seqlen_q;
-  for (int idx = threadIdx.x; idx < rows * kWidth; idx += kThreads) {
+  for (int idx = tid; idx < rows * kWidth; idx += kThreads) {
     const int r = idx / kWidth, c = idx % kWidth;
     if (c >= p.headdim) continue;
     float top = -INFINITY;
 #pragma unroll
-    for (int g = 0; g < kGroups; ++g) top = fmaxf(top, s_max[g][r]);
+    for (int w = 0; w < kWarps; ++w) top = fmaxf(top, merge_max[w * kRowsPerGroup + r]);
     float sum = 0.f, out = 0.f;
     if (top != -INFINITY) {
 #pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
-        const float w = exp_nonpositive(s_max[g][r] - top);
-        sum = fmaf(s_sum[g][r], w, sum);
-        out = fmaf(s_out[g][r][c], w, out);
+      for (int w = 0; w < kWarps; ++w) {
+        const float weight = exp_nonpositive(merge_max[w * kRowsPerGroup + r] - top);
+        sum = fmaf(merge_sum[w * kRowsPerGroup + r], weight, sum);
+        out = fmaf(merge_out[(w * kRowsPerGroup + r) * kWidth + c], weight, out);
       }
       out /= sum;
     }
@@ -249,8 +300,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) 
 // Merges the splits of every row: lse = log(sum over splits of exp(lse_s)) (plus the sink), out = sum of
 // exp(lse_s - lse) * out_s. One CTA per row of (B, Hq, Sq).
 template <typename T, int kWidth>
-__global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p) {
-  const int64_t row = blockIdx.x;
+FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kThreads, 1) combine_kernel(const DecodeParams p) {
+  const int64_t row = sm80::block_x();
   const int64_t rows_total = int64_t(p.batch) * p.heads_q * p.seqlen_q;
   const int i = int(row % p.seqlen_q), head = int(row / p.seqlen_q % p.heads_q), b = int(row / p.seqlen_q / p.heads_q);
   float top = -INFINITY;
@@ -263,7 +314,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
   }
   const float keys_lse = lse;
   const float sink_scale = p.variants.sinks != nullptr ? add_sink(lse, p.variants.sinks[head]) : 1.f;
-  for (int c = threadIdx.x; c < p.headdim; c += kThreads) {
+  for (int c = sm80::thread_x(); c < p.headdim; c += kThreads) {
     float out = 0.f;
     if (keys_lse != -INFINITY) {
       for (int s = 0; s < p.num_splits; ++s) {
@@ -274,7 +325,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
     static_cast<T*>(p.out)[b * p.o_batch_stride + i * p.o_row_stride + head * p.o_head_stride + c] =
         narrow<T>(out * sink_scale);
   }
-  if (threadIdx.x == 0) p.lse[row] = lse;
+  if (sm80::thread_x() == 0) p.lse[row] = lse;
 }
 
 }  // namespace decode

@@ -262,6 +262,16 @@ inline float shfl_xor(float v, int mask) {
   return r;
 }
 
+inline float shfl_idx(float v, int src_lane) {
+  uint32_t mine[1];
+  std::memcpy(&mine[0], &v, 4);
+  uint32_t all[32][1];
+  warp_gather(mine, all);
+  float r;
+  std::memcpy(&r, &all[src_lane & 31][0], 4);
+  return r;
+}
+
 inline void do_copy(const CpAsyncCopy& c) {
   unsigned char* dst = state().smem + c.dst;
   if (c.valid)

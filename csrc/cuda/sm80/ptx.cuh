@@ -54,6 +54,7 @@ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32
 }
 inline float exp2_approx(float x) { return std::exp2(x); }
 inline float shfl_xor(float v, int mask) { return emu::shfl_xor(v, mask); }
+inline float shfl_idx(float v, int src_lane) { return emu::shfl_idx(v, src_lane); }
 inline void red_add_f32x2(float* p, float a, float b) {
   p[0] += a;
   p[1] += b;
@@ -195,6 +196,7 @@ FLASHOP_SM80_DEV float exp2_approx(float x) {
 }
 
 FLASHOP_SM80_DEV float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+FLASHOP_SM80_DEV float shfl_idx(float v, int src_lane) { return __shfl_sync(0xffffffffu, v, src_lane); }
 
 // Fire-and-forget fp32 adds to global memory (performed in L2). Two adjacent
 // floats (8-byte aligned): one vector red on sm90, two scalar ones before.

@@ -7,7 +7,8 @@
 //                                  (forward; the backward's in namespace bwd)
 //   LdsmAddr, *_frag_addr          ldmatrix addressing for the three operand
 //                                  roles of the forward (A row-major, B from a
-//                                  key-major tile, B^T from a key-major tile)
+//                                  key-major tile, B^T from a key-major tile),
+//                                  also the decode kernels' (csrc/cuda/decode)
 //   bwd::lane_base_{a,b,c}         the backward's fragment address bases
 #pragma once
 
@@ -98,7 +99,7 @@ struct SmemTile {
   }
 };
 
-#ifndef FLASHOP_BWD_EMULATE  // the forward is never compiled for the CPU emulator
+#ifndef FLASHOP_BWD_EMULATE  // the forward's copy is never compiled for the CPU emulator
 
 // ---------------------------------------------------------------------------
 // Global -> shared: rows [row0, row0 + Rows) of a (seqlen, Cols) slice whose
@@ -150,6 +151,8 @@ FLASHOP_SM80_DEV void load_tile_async(uint32_t smem_base, const Elem* gbase, int
     }
   }
 }
+
+#endif  // FLASHOP_BWD_EMULATE
 
 // ---------------------------------------------------------------------------
 // Fragment loads (see ptx.cuh for the mma fragment layouts).
@@ -221,8 +224,6 @@ template <class Tile>
 FLASHOP_SM80_DEV LdsmAddr<Tile> bt_frag_addr(uint32_t tile, int lane) {
   return LdsmAddr<Tile>(tile, lane & 15, lane >> 4);
 }
-
-#endif  // FLASHOP_BWD_EMULATE
 
 // ---------------------------------------------------------------------------
 // The backward's tiles. It keeps five of them; which operand of which
