@@ -9,9 +9,12 @@ in a contiguous cache, with a paged cache or a cache_batch_idx first gathered in
 rows the batch reads.
 
 The rules of every argument live in flashop/meta.py check_kvcache_arguments (shapes, dtypes, devices: the eager
-kernel and the fake kernel alike) and check_kvcache_values here (index values: eager, where they can be read).
+kernel and the fake kernel alike) and check_kvcache_values here (index values: eager, on the CPU, and on CUDA
+with FLASHOP_CHECK_INDICES=1).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +23,10 @@ from . import _C, meta
 
 _check = meta._check
 forward_op = torch.ops.flashop.forward.default
+# Reading index values on the host stops the CPU until the GPU catches up, every decoding step of every layer,
+# so on CUDA they are the caller's contract (as in FlashAttention): every index is clamped into the cache, and
+# a bad one reaches a wrong row, never memory outside it. FLASHOP_CHECK_INDICES=1 checks them (debugging).
+CHECK_CUDA_INDICES = os.environ.get("FLASHOP_CHECK_INDICES", "0") == "1"
 
 
 def _host(t):
@@ -82,7 +89,7 @@ def _cache_rows(cache, cache_batch_idx, block_table, capacity):
         pages = cache.index_select(0, block_table.flatten().long())  # unused pages may hold any index: clamped below
         return pages.view(block_table.size(0), capacity, *cache.shape[2:])
     if cache_batch_idx is not None:
-        return cache.index_select(0, cache_batch_idx.long())
+        return cache.index_select(0, cache_batch_idx.long().clamp(0, cache.size(0) - 1))  # unchecked on CUDA
     return cache
 
 
@@ -123,12 +130,11 @@ def forward_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary
     rotates_every_query = causal or window_size_left >= 0 or window_size_right >= 0
     decode = config is None and _C.WITH_CUDA and _C.decode_supported(q, k_cache, v_cache)
     if q.is_cuda and torch.cuda.is_current_stream_capturing():
-        # A CUDA graph cannot read the index values on the host: they are the caller's contract (as in
-        # FlashAttention); every index is clamped into the cache, so a bad one reaches a wrong row, never memory
-        # outside it. Only the decode kernels read them on the device alone.
+        # A CUDA graph cannot read the index values on the host. Only the decode kernels read them on the
+        # device alone (the packed-batch path reads cu_seqlens on the host).
         _check(decode, "flashop: flash_attn_with_kvcache inside a CUDA graph needs the decode kernels: CUDA fp16/bf16, "
                "at most 8 query rows per KV head, a headdim that is a multiple of 8, config=None")
-    else:
+    elif not q.is_cuda or CHECK_CUDA_INDICES:
         check_kvcache_values(k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                              capacity, seqlen_q, rotates_every_query)
     if block_table is not None:

@@ -372,3 +372,38 @@ def test_decode_step_replays_in_a_cuda_graph():
             lowp, _ = attention_reference(q_rot, k_cache[b:b + 1, :n + 1], v_cache[b:b + 1, :n + 1], causal=True,
                                           upcast=False)
             assert_close_to_reference(out[b:b + 1], ref, lowp, f"out[{b}] at step {t}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_cuda_index_values_unchecked_stay_inside_the_cache(monkeypatch):
+    """On CUDA the index values are the caller's contract (no host sync per call): out-of-range cache_seqlens,
+    cache_batch_idx, cache_leftpad and block table entries are clamped, so the call returns finite values and
+    the process goes on; with FLASHOP_CHECK_INDICES=1 (flashop.kvcache.CHECK_CUDA_INDICES) they are named."""
+    device, dtype = "cuda", torch.bfloat16
+    q = torch.randn(2, 1, 4, 64, dtype=dtype, device=device)
+    cache = torch.randn(2, 64, 2, 64, dtype=dtype, device=device)
+    new = torch.randn(2, 1, 2, 64, dtype=dtype, device=device)
+    bad = torch.tensor([5, 1000], dtype=torch.int32, device=device)
+    calls = {
+        "cache_seqlens": dict(k=new, v=new, cache_seqlens=bad),
+        "cache_batch_idx": dict(cache_batch_idx=torch.tensor([0, 7], dtype=torch.int32, device=device)),
+        "cache_leftpad": dict(cache_seqlens=bad.clamp(max=60), cache_leftpad=torch.tensor([-3, 90], dtype=torch.int32,
+                                                                                        device=device)),
+        "block_table": dict(cache_seqlens=bad.clamp(max=60),
+                            block_table=torch.tensor([[0, 99], [1, -4]], dtype=torch.int32, device=device),
+                            k_cache=cache.view(4, 32, 2, 64), v_cache=cache.view(4, 32, 2, 64)),
+    }
+    for name, kwargs in calls.items():
+        kwargs = dict(dict(q=q, k_cache=cache.clone(), v_cache=cache.clone()), **kwargs)
+        for few_rows in (True, False):  # the decode kernels, and the packed-batch forward (10 query rows per head)
+            call = dict(kwargs, q=q if few_rows else q.expand(2, 5, 4, 64).contiguous())
+            monkeypatch.setattr(flashop.kvcache, "CHECK_CUDA_INDICES", False)
+            try:
+                out = flashop.flash_attn_with_kvcache(**call)
+                assert torch.isfinite(out.float()).all(), name
+            except RuntimeError as err:  # the packed-batch path checks its cu_seqlens on the host
+                assert "cu_seqlens" in str(err) or "seqused" in str(err), (name, str(err))
+            monkeypatch.setattr(flashop.kvcache, "CHECK_CUDA_INDICES", True)
+            with pytest.raises(RuntimeError, match=name):
+                flashop.flash_attn_with_kvcache(**call)
+    torch.cuda.synchronize()
