@@ -42,29 +42,29 @@ def check_kvcache_values(k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx,
         holds = (f"the positions of a sequence's block_table pages, max_blocks * page_size" if block_table is not None
                  else "the cache's positions per sequence")
         _check(bool(((lens >= 0) & (lens + seqlen_new <= capacity)).all()),
-               f"flashop: cache_seqlens + seqlen_new must lie in [0, {capacity}] ({holds}), got cache_seqlens "
-               f"{lens.tolist()} with seqlen_new {seqlen_new}")
+               lambda: (f"flashop: cache_seqlens + seqlen_new must lie in [0, {capacity}] ({holds}), got cache_seqlens "
+               f"{lens.tolist()} with seqlen_new {seqlen_new}"))
     if leftpad is not None:
         end = lens + seqlen_new if lens is not None else torch.full_like(leftpad, capacity)
         _check(bool(((leftpad >= 0) & (leftpad <= end)).all()),
-               f"flashop: cache_leftpad must lie in [0, cache_seqlens + seqlen_new], got {leftpad.tolist()}")
+               lambda: f"flashop: cache_leftpad must lie in [0, cache_seqlens + seqlen_new], got {leftpad.tolist()}")
     if cache_batch_idx is not None:
         idx = _host(cache_batch_idx)
         _check(bool(((idx >= 0) & (idx < k_cache.size(0))).all()),
-               f"flashop: cache_batch_idx must index k_cache's {k_cache.size(0)} rows, got {idx.tolist()}")
+               lambda: f"flashop: cache_batch_idx must index k_cache's {k_cache.size(0)} rows, got {idx.tolist()}")
     if block_table is not None:
         table = _host(block_table)
         used = lens + seqlen_new if lens is not None else torch.full((table.size(0),), capacity, dtype=torch.int32)
         pages = (used + k_cache.size(1) - 1) // k_cache.size(1)
         in_use = torch.arange(table.size(1))[None] < pages[:, None]
         _check(bool(((table >= 0) & (table < k_cache.size(0)) | ~in_use).all()),
-               f"flashop: block_table entries of the pages in use must index k_cache's {k_cache.size(0)} blocks")
+               lambda: f"flashop: block_table entries of the pages in use must index k_cache's {k_cache.size(0)} blocks")
     if rotary_cos is not None:
         last_key = int((lens + seqlen_new).max()) if lens.numel() else 0
         last_query = int(lens.max()) + (seqlen_q if rotates_every_query else 1) if lens.numel() else 0
         _check(max(last_key, last_query) <= rotary_cos.size(0),
-               f"flashop: rotary_cos/rotary_sin have {rotary_cos.size(0)} positions; the new keys and queries need "
-               f"{max(last_key, last_query)}")
+               lambda: (f"flashop: rotary_cos/rotary_sin have {rotary_cos.size(0)} positions; the new keys and queries need "
+               f"{max(last_key, last_query)}"))
 
 
 def apply_rotary(x, cos, sin, positions, interleaved):

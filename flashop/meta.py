@@ -12,21 +12,26 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _check(cond, message):
-    torch._check(cond, lambda: message)
+    """torch._check, with a fast path for a plain True (eager calls); message: a string or, where it formats
+    values, a callable that builds it only on failure."""
+    if cond is True:
+        return
+    torch._check(cond, message if callable(message) else lambda: message)
 
 
 def _rank4(t, name):
-    _check(t.dim() == 4, f"flashop: {name} must be a 4-D tensor (batch, seqlen, nheads, headdim), got a {t.dim()}-D tensor")
+    _check(t.dim() == 4,
+           lambda: f"flashop: {name} must be a 4-D tensor (batch, seqlen, nheads, headdim), got a {t.dim()}-D tensor")
 
 
 def _same_dtype_device(t, name, q):
-    _check(t.dtype == q.dtype, f"flashop: {name} must have the dtype of q ({q.dtype}), got {t.dtype}")
-    _check(t.device == q.device, f"flashop: {name} must be on the device of q ({q.device}), got {t.device}")
+    _check(t.dtype == q.dtype, lambda: f"flashop: {name} must have the dtype of q ({q.dtype}), got {t.dtype}")
+    _check(t.device == q.device, lambda: f"flashop: {name} must be on the device of q ({q.device}), got {t.device}")
 
 
 def _last_dim_contiguous(t, name):
     _check(t.size(-1) <= 1 or t.stride(-1) == 1,
-           f"flashop: {name} must be contiguous in its last dimension (stride 1), got stride {t.stride(-1)}")
+           lambda: f"flashop: {name} must be contiguous in its last dimension (stride 1), got stride {t.stride(-1)}")
 
 
 def check_forward_inputs(q, k, v):
@@ -35,18 +40,19 @@ def check_forward_inputs(q, k, v):
     _rank4(k, "k")
     _rank4(v, "v")
     _check(q.dtype in _FLOAT_DTYPES,
-           f"flashop: q must have dtype torch.float32, torch.float16 or torch.bfloat16, got {q.dtype}")
+           lambda: f"flashop: q must have dtype torch.float32, torch.float16 or torch.bfloat16, got {q.dtype}")
     _same_dtype_device(k, "k", q)
     _same_dtype_device(v, "v", q)
-    _check(k.shape == v.shape, "flashop: k and v must have the same shape (batch, seqlen_k, nheads_k, headdim), "
-           f"got k {list(k.shape)} and v {list(v.shape)}")
-    _check(k.size(0) == q.size(0), f"flashop: k must have the batch size of q ({q.size(0)}), got {k.size(0)}")
-    _check(k.size(3) == q.size(3), f"flashop: k must have the headdim of q ({q.size(3)}), got {k.size(3)}")
+    _check(k.shape == v.shape,
+           lambda: ("flashop: k and v must have the same shape (batch, seqlen_k, nheads_k, headdim), "
+           f"got k {list(k.shape)} and v {list(v.shape)}"))
+    _check(k.size(0) == q.size(0), lambda: f"flashop: k must have the batch size of q ({q.size(0)}), got {k.size(0)}")
+    _check(k.size(3) == q.size(3), lambda: f"flashop: k must have the headdim of q ({q.size(3)}), got {k.size(3)}")
     headdim = q.size(3)
-    _check(1 <= headdim <= MAX_HEADDIM, f"flashop: headdim must be between 1 and {MAX_HEADDIM}, got {headdim}")
+    _check(1 <= headdim <= MAX_HEADDIM, lambda: f"flashop: headdim must be between 1 and {MAX_HEADDIM}, got {headdim}")
     heads_q, heads_k = q.size(2), k.size(2)
     _check(heads_k >= 1 and heads_q % heads_k == 0,
-           f"flashop: the number of query heads ({heads_q}) must be a multiple of the number of key/value heads ({heads_k})")
+           lambda: f"flashop: the number of query heads ({heads_q}) must be a multiple of the number of key/value heads ({heads_k})")
     _last_dim_contiguous(q, "q")
     _last_dim_contiguous(k, "k")
     _last_dim_contiguous(v, "v")
@@ -57,8 +63,10 @@ def check_backward_inputs(dout, q, out, softmax_lse, dims, packed=False):
     """dout and out shaped like q; softmax_lse (batch, nheads, seqlen_q), or (nheads, total_q) for a packed
     batch (dims from check_varlen_inputs)."""
     batch, seqlen_q, _, heads_q, _, _ = dims
-    _check(dout.shape == q.shape, f"flashop: dout must have the shape of q {list(q.shape)}, got {list(dout.shape)}")
-    _check(out.shape == q.shape, f"flashop: out must have the shape of q {list(q.shape)}, got {list(out.shape)}")
+    _check(dout.shape == q.shape,
+           lambda: f"flashop: dout must have the shape of q {list(q.shape)}, got {list(dout.shape)}")
+    _check(out.shape == q.shape,
+           lambda: f"flashop: out must have the shape of q {list(q.shape)}, got {list(out.shape)}")
     _same_dtype_device(dout, "dout", q)
     _same_dtype_device(out, "out", q)
     _last_dim_contiguous(dout, "dout")
@@ -66,22 +74,23 @@ def check_backward_inputs(dout, q, out, softmax_lse, dims, packed=False):
     lse_shape, lse_dims = ([heads_q, seqlen_q], "(nheads, total_q)") if packed else \
         ([batch, heads_q, seqlen_q], "(batch, nheads, seqlen_q)")
     _check(list(softmax_lse.shape) == lse_shape,
-           f"flashop: softmax_lse must have shape {lse_dims} = {lse_shape}, got {list(softmax_lse.shape)}")
+           lambda: f"flashop: softmax_lse must have shape {lse_dims} = {lse_shape}, got {list(softmax_lse.shape)}")
     _check(softmax_lse.dtype == torch.float32,
-           f"flashop: softmax_lse must have dtype torch.float32, got {softmax_lse.dtype}")
+           lambda: f"flashop: softmax_lse must have dtype torch.float32, got {softmax_lse.dtype}")
     _check(softmax_lse.device == q.device,
-           f"flashop: softmax_lse must be on the device of q ({q.device}), got {softmax_lse.device}")
+           lambda: f"flashop: softmax_lse must be on the device of q ({q.device}), got {softmax_lse.device}")
 
 
 def _index_tensor(t, name, q, size, what):
-    _check(t.dtype == torch.int32, f"flashop: {name} must have dtype torch.int32, got {t.dtype}")
-    _check(t.device == q.device, f"flashop: {name} must be on the device of q ({q.device}), got {t.device}")
-    _check(t.dim() == 1 and t.size(0) == size, f"flashop: {name} must have shape {what} = ({size},), got {list(t.shape)}")
+    _check(t.dtype == torch.int32, lambda: f"flashop: {name} must have dtype torch.int32, got {t.dtype}")
+    _check(t.device == q.device, lambda: f"flashop: {name} must be on the device of q ({q.device}), got {t.device}")
+    _check(t.dim() == 1 and t.size(0) == size,
+           lambda: f"flashop: {name} must have shape {what} = ({size},), got {list(t.shape)}")
 
 
 def _rank3(t, name, rows):
-    _check(t.dim() == 3, f"flashop: with cu_seqlens, {name} must be a 3-D tensor ({rows}, nheads, headdim), "
-           f"got a {t.dim()}-D tensor")
+    _check(t.dim() == 3, lambda: (f"flashop: with cu_seqlens, {name} must be a 3-D tensor ({rows}, nheads, headdim), "
+           f"got a {t.dim()}-D tensor"))
 
 
 def is_packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k):
@@ -101,7 +110,7 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_
     _rank3(v, "v", "total_k")
     _, total_q, total_k, heads_q, heads_k, headdim = check_forward_inputs(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0))
     _check(cu_seqlens_q.dim() == 1 and cu_seqlens_q.size(0) >= 1,
-           f"flashop: cu_seqlens_q must have shape (batch + 1,), got {list(cu_seqlens_q.shape)}")
+           lambda: f"flashop: cu_seqlens_q must have shape (batch + 1,), got {list(cu_seqlens_q.shape)}")
     batch = cu_seqlens_q.size(0) - 1
     _index_tensor(cu_seqlens_q, "cu_seqlens_q", q, batch + 1, "(batch + 1,)")
     _index_tensor(cu_seqlens_k, "cu_seqlens_k", q, batch + 1, "(batch + 1,)")
@@ -113,20 +122,21 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_
 
 
 def _variant_tensor(t, name, q, shapes, shape_text):
-    _check(t.dtype == torch.float32, f"flashop: {name} must have dtype torch.float32, got {t.dtype}")
-    _check(t.device == q.device, f"flashop: {name} must be on the device of q ({q.device}), got {t.device}")
-    _check(list(t.shape) in shapes, f"flashop: {name} must have shape {shape_text}, got {list(t.shape)}")
-    _check(t.is_contiguous(), f"flashop: {name} must be contiguous")
+    _check(t.dtype == torch.float32, lambda: f"flashop: {name} must have dtype torch.float32, got {t.dtype}")
+    _check(t.device == q.device, lambda: f"flashop: {name} must be on the device of q ({q.device}), got {t.device}")
+    _check(list(t.shape) in shapes, lambda: f"flashop: {name} must have shape {shape_text}, got {list(t.shape)}")
+    _check(t.is_contiguous(), lambda: f"flashop: {name} must be contiguous")
 
 
 def check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink=None):
     """The variant arguments' rules (csrc/checks.cpp check_variants)."""
     batch, _, _, heads_q, _, _ = dims
-    _check(window_size_left >= -1, f"flashop: window_size_left must be -1 (unbounded) or >= 0, got {window_size_left}")
+    _check(window_size_left >= -1,
+           lambda: f"flashop: window_size_left must be -1 (unbounded) or >= 0, got {window_size_left}")
     _check(window_size_right >= -1,
-           f"flashop: window_size_right must be -1 (unbounded) or >= 0, got {window_size_right}")
+           lambda: f"flashop: window_size_right must be -1 (unbounded) or >= 0, got {window_size_right}")
     _check(softcap == softcap and abs(softcap) != float("inf") and softcap >= 0,
-           f"flashop: softcap must be a finite number >= 0 (0 is off), got {softcap}")
+           lambda: f"flashop: softcap must be a finite number >= 0 (0 is off), got {softcap}")
     if alibi_slopes is not None:
         _variant_tensor(alibi_slopes, "alibi_slopes", q, [[heads_q], [batch, heads_q]],
                         f"(nheads,) = ({heads_q},) or (batch, nheads) = ({batch}, {heads_q})")
@@ -156,7 +166,7 @@ def normalize_window(causal, window_size_left, window_size_right, seqlen_q, seql
 def check_softmax_scale(softmax_scale):
     if softmax_scale is not None:
         _check(softmax_scale == softmax_scale and abs(softmax_scale) != float("inf"),
-               f"flashop: softmax_scale must be a finite number, got {softmax_scale}")
+               lambda: f"flashop: softmax_scale must be a finite number, got {softmax_scale}")
 
 
 @torch.library.register_fake("flashop::forward")
@@ -200,10 +210,10 @@ def backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=Fa
 # ---------------------------------------------------------------- flashop::forward_kvcache (flashop/kvcache.py)
 
 def _int32_vector(t, name, q, size):
-    _check(t.dtype == torch.int32, f"flashop: {name} must have dtype torch.int32, got {t.dtype}")
-    _check(t.device == q.device, f"flashop: {name} must be on the device of q ({q.device}), got {t.device}")
-    _check(t.dim() == 1 and t.size(0) == size, f"flashop: {name} must have shape (batch,) = ({size},), got "
-           f"{list(t.shape)}")
+    _check(t.dtype == torch.int32, lambda: f"flashop: {name} must have dtype torch.int32, got {t.dtype}")
+    _check(t.device == q.device, lambda: f"flashop: {name} must be on the device of q ({q.device}), got {t.device}")
+    _check(t.dim() == 1 and t.size(0) == size, lambda: (f"flashop: {name} must have shape (batch,) = ({size},), got "
+           f"{list(t.shape)}"))
 
 
 def check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
@@ -213,61 +223,71 @@ def check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
     _rank4(q, "q")
     batch, seqlen_q, heads_q, headdim = q.shape
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        _check(cache.dim() == 4, f"flashop: {name} must be a 4-D tensor (batch_cache, seqlen_cache, nheads_k, "
-               f"headdim), or (num_blocks, page_size, nheads_k, headdim) with block_table, got a {cache.dim()}-D tensor")
+        _check(cache.dim() == 4, lambda: (f"flashop: {name} must be a 4-D tensor (batch_cache, seqlen_cache, nheads_k, "
+               f"headdim), or (num_blocks, page_size, nheads_k, headdim) with block_table, got a {cache.dim()}-D tensor"))
         _same_dtype_device(cache, name, q)
         _last_dim_contiguous(cache, name)
     _check(q.dtype in _FLOAT_DTYPES,
-           f"flashop: q must have dtype torch.float32, torch.float16 or torch.bfloat16, got {q.dtype}")
-    _check(k_cache.shape == v_cache.shape, f"flashop: k_cache and v_cache must have the same shape, got k_cache "
-           f"{list(k_cache.shape)} and v_cache {list(v_cache.shape)}")
+           lambda: f"flashop: q must have dtype torch.float32, torch.float16 or torch.bfloat16, got {q.dtype}")
+    _check(k_cache.shape == v_cache.shape,
+           lambda: (f"flashop: k_cache and v_cache must have the same shape, got k_cache "
+           f"{list(k_cache.shape)} and v_cache {list(v_cache.shape)}"))
     heads_k = k_cache.size(2)
-    _check(k_cache.size(3) == headdim, f"flashop: k_cache must have the headdim of q ({headdim}), got {k_cache.size(3)}")
-    _check(1 <= headdim <= MAX_HEADDIM, f"flashop: headdim must be between 1 and {MAX_HEADDIM}, got {headdim}")
-    _check(heads_k >= 1 and heads_q % heads_k == 0, f"flashop: the number of query heads ({heads_q}) must be a "
-           f"multiple of the number of key/value heads ({heads_k})")
+    _check(k_cache.size(3) == headdim,
+           lambda: f"flashop: k_cache must have the headdim of q ({headdim}), got {k_cache.size(3)}")
+    _check(1 <= headdim <= MAX_HEADDIM, lambda: f"flashop: headdim must be between 1 and {MAX_HEADDIM}, got {headdim}")
+    _check(heads_k >= 1 and heads_q % heads_k == 0,
+           lambda: (f"flashop: the number of query heads ({heads_q}) must be a "
+           f"multiple of the number of key/value heads ({heads_k})"))
     _last_dim_contiguous(q, "q")
     if block_table is not None:
-        _check(block_table.dtype == torch.int32, f"flashop: block_table must have dtype torch.int32, got "
-               f"{block_table.dtype}")
-        _check(block_table.device == q.device, f"flashop: block_table must be on the device of q ({q.device}), got "
-               f"{block_table.device}")
-        _check(block_table.dim() == 2 and block_table.size(0) == batch, f"flashop: block_table must have shape "
-               f"(batch, max_blocks) with batch = {batch}, got {list(block_table.shape)}")
+        _check(block_table.dtype == torch.int32, lambda: (f"flashop: block_table must have dtype torch.int32, got "
+               f"{block_table.dtype}"))
+        _check(block_table.device == q.device,
+               lambda: (f"flashop: block_table must be on the device of q ({q.device}), got "
+               f"{block_table.device}"))
+        _check(block_table.dim() == 2 and block_table.size(0) == batch,
+               lambda: (f"flashop: block_table must have shape "
+               f"(batch, max_blocks) with batch = {batch}, got {list(block_table.shape)}"))
         page_size = k_cache.size(1)
-        _check(page_size % 16 == 0, f"flashop: with block_table, the page size (k_cache.size(1)) must be a multiple "
-               f"of 16, got {page_size}")
+        _check(page_size % 16 == 0,
+               lambda: (f"flashop: with block_table, the page size (k_cache.size(1)) must be a multiple "
+               f"of 16, got {page_size}"))
         _check(cache_batch_idx is None, "flashop: cache_batch_idx cannot be combined with block_table (the block "
                "table already maps each sequence to its pages)")
         capacity = block_table.size(1) * page_size
     else:
         capacity = k_cache.size(1)
         if cache_batch_idx is None:
-            _check(k_cache.size(0) == batch, f"flashop: k_cache must have the batch size of q ({batch}) unless "
-                   f"cache_batch_idx selects its rows, got {k_cache.size(0)}")
+            _check(k_cache.size(0) == batch,
+                   lambda: (f"flashop: k_cache must have the batch size of q ({batch}) unless "
+                   f"cache_batch_idx selects its rows, got {k_cache.size(0)}"))
     _check((k is None) == (v is None), "flashop: k and v (the new keys and values) must be given together")
     if k is not None:
         for name, t in (("k", k), ("v", v)):
             _check(t.dim() == 4 and t.size(0) == batch and t.size(2) == heads_k and t.size(3) == headdim,
-                   f"flashop: {name} must have shape (batch, seqlen_new, nheads_k, headdim) = ({batch}, seqlen_new, "
-                   f"{heads_k}, {headdim}), got {list(t.shape)}")
+                   lambda: (f"flashop: {name} must have shape (batch, seqlen_new, nheads_k, headdim) = ({batch}, seqlen_new, "
+                   f"{heads_k}, {headdim}), got {list(t.shape)}"))
             _same_dtype_device(t, name, q)
-        _check(k.shape == v.shape, f"flashop: k and v must have the same shape, got k {list(k.shape)} and v "
-               f"{list(v.shape)}")
+        _check(k.shape == v.shape, lambda: (f"flashop: k and v must have the same shape, got k {list(k.shape)} and v "
+               f"{list(v.shape)}"))
         _check(cache_seqlens is not None, "flashop: appending k and v needs cache_seqlens (where each sequence's "
                "new keys go)")
     _check((rotary_cos is None) == (rotary_sin is None), "flashop: rotary_cos and rotary_sin must be given together")
     if rotary_cos is not None:
         _check(k is not None, "flashop: rotary_cos/rotary_sin rotate the new keys: they need k and v")
         for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
-            _check(t.dim() == 2, f"flashop: {name} must be a 2-D tensor (seqlen_rotary, rotary_dim / 2), got a "
-                   f"{t.dim()}-D tensor")
+            _check(t.dim() == 2,
+                   lambda: (f"flashop: {name} must be a 2-D tensor (seqlen_rotary, rotary_dim / 2), got a "
+                   f"{t.dim()}-D tensor"))
             _same_dtype_device(t, name, q)
-        _check(rotary_cos.shape == rotary_sin.shape, f"flashop: rotary_cos and rotary_sin must have the same shape, "
-               f"got {list(rotary_cos.shape)} and {list(rotary_sin.shape)}")
+        _check(rotary_cos.shape == rotary_sin.shape,
+               lambda: (f"flashop: rotary_cos and rotary_sin must have the same shape, "
+               f"got {list(rotary_cos.shape)} and {list(rotary_sin.shape)}"))
         rotary_dim = 2 * rotary_cos.size(1)
-        _check(rotary_dim <= headdim and rotary_dim % 16 == 0, f"flashop: rotary_dim (2 * rotary_cos.size(1) = "
-               f"{rotary_dim}) must be a multiple of 16 and at most headdim ({headdim})")
+        _check(rotary_dim <= headdim and rotary_dim % 16 == 0,
+               lambda: (f"flashop: rotary_dim (2 * rotary_cos.size(1) = "
+               f"{rotary_dim}) must be a multiple of 16 and at most headdim ({headdim})"))
     if cache_seqlens is not None:
         _int32_vector(cache_seqlens, "cache_seqlens", q, batch)
     if cache_batch_idx is not None:
@@ -285,7 +305,7 @@ def check_kvcache_arguments(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, c
     dims = check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                                 cache_leftpad, block_table)
     batch, seqlen_q, heads_q, heads_k, headdim, capacity = dims
-    _check(num_splits >= 0, f"flashop: num_splits must be >= 0 (0: chosen by a heuristic), got {num_splits}")
+    _check(num_splits >= 0, lambda: f"flashop: num_splits must be >= 0 (0: chosen by a heuristic), got {num_splits}")
     check_variants((batch, seqlen_q, capacity, heads_q, heads_k, headdim), q, window_size_left, window_size_right,
                    softcap, alibi_slopes, learnable_sink)
     check_softmax_scale(softmax_scale)
