@@ -51,6 +51,15 @@ TORCH_LIBRARY(flashop, m) {
       "Tensor? alibi_slopes=None, Tensor? learnable_sink=None, int num_splits=0, str? config=None) "
       "-> (Tensor out, Tensor softmax_lse)",
       {at::Tag::pt2_compliant_tag});
+  // The same, writing the output into a preallocated `out` (q's shape and dtype; vLLM's calling convention).
+  m.def(
+      "forward_kvcache.with_out(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
+      "Tensor? rotary_cos=None, Tensor? rotary_sin=None, Tensor? cache_seqlens=None, Tensor? cache_batch_idx=None, "
+      "Tensor? cache_leftpad=None, Tensor? block_table=None, float? softmax_scale=None, bool causal=False, "
+      "int window_size_left=-1, int window_size_right=-1, float softcap=0.0, bool rotary_interleaved=True, "
+      "Tensor? alibi_slopes=None, Tensor? learnable_sink=None, int num_splits=0, str? config=None, *, "
+      "Tensor(c!) out) -> Tensor softmax_lse",
+      {at::Tag::pt2_compliant_tag});
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -121,12 +121,15 @@ def _clamped_table(block_table, num_blocks):
 def forward_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
                     cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
                     window_size_left=-1, window_size_right=-1, softcap=0.0, rotary_interleaved=True,
-                    alibi_slopes=None, learnable_sink=None, num_splits=0, config=None):
+                    alibi_slopes=None, learnable_sink=None, num_splits=0, config=None, out=None):
     """The op's kernel on every backend: the cache is appended to in place, then the decode kernels or the
-    packed-batch forward attend over it."""
+    packed-batch forward attend over it. With `out` (the with_out overload) the output is written there: by
+    the decode kernels directly, by a copy after the packed-batch forward."""
     batch, seqlen_q, heads_q, heads_k, headdim, capacity = meta.check_kvcache_arguments(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
         softmax_scale, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink, num_splits)
+    if out is not None:
+        meta.check_kvcache_out(out, q)
     rotates_every_query = causal or window_size_left >= 0 or window_size_right >= 0
     decode = config is None and _C.WITH_CUDA and _C.decode_supported(q, k_cache, v_cache)
     if q.is_cuda and torch.cuda.is_current_stream_capturing():
@@ -159,7 +162,7 @@ def forward_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary
         _, left, right = meta.normalize_window(causal, window_size_left, window_size_right, seqlen_q, capacity)
         scale = softmax_scale if softmax_scale is not None else headdim ** -0.5
         return _C.decode_forward(q, k_cache, v_cache, cache_leftpad, end, cache_batch_idx, block_table, scale, left,
-                                 right, float(softcap), alibi_slopes, learnable_sink, num_splits)
+                                 right, float(softcap), alibi_slopes, learnable_sink, num_splits, out)
 
     # Each sequence's visible keys: [leftpad, cache_seqlens + seqlen_new) of its cache rows, as a packed batch
     # over the (batch, capacity) rows: sequence b starts at b * capacity + leftpad and uses its first
@@ -176,23 +179,37 @@ def forward_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary
     seqused_k = torch.cat([starts.new_zeros(1), end - leftpad])
     if alibi_slopes is not None and alibi_slopes.dim() == 2:
         alibi_slopes = torch.cat([alibi_slopes.new_zeros(1, heads_q), alibi_slopes])
-    out, lse = forward_op(
+    packed_out, lse = forward_op(
         q.reshape(batch * seqlen_q, heads_q, headdim), keys.reshape(batch * capacity, heads_k, headdim),
         values.reshape(batch * capacity, heads_k, headdim), softmax_scale, causal, config, False, window_size_left,
         window_size_right, softcap, alibi_slopes, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqlen_q, 2 * capacity,
         None, seqused_k)
-    return out.view(batch, seqlen_q, heads_q, headdim), lse.view(heads_q, batch, seqlen_q).transpose(0, 1).contiguous()
+    result = packed_out.view(batch, seqlen_q, heads_q, headdim)
+    if out is not None:
+        result = out.copy_(result)
+    return result, lse.view(heads_q, batch, seqlen_q).transpose(0, 1).contiguous()
+
+
+def forward_kvcache_with_out(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                             softmax_scale=None, causal=False, window_size_left=-1, window_size_right=-1, softcap=0.0,
+                             rotary_interleaved=True, alibi_slopes=None, learnable_sink=None, num_splits=0,
+                             config=None, *, out):
+    return forward_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                           cache_leftpad, block_table, softmax_scale, causal, window_size_left, window_size_right,
+                           softcap, rotary_interleaved, alibi_slopes, learnable_sink, num_splits, config, out)[1]
 
 
 for _device in ("cpu", "cuda"):
     torch.library.register_kernel("flashop::forward_kvcache", _device)(forward_kvcache)
+    torch.library.register_kernel("flashop::forward_kvcache.with_out", _device)(forward_kvcache_with_out)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
-                            learnable_sink=None, config=None):
+                            learnable_sink=None, config=None, out=None):
     """FlashAttention-2's flash_attn_with_kvcache. q (batch, seqlen_q, nheads, headdim); k_cache/v_cache
     (batch_cache, seqlen_cache, nheads_k, headdim), or (num_blocks, page_size, nheads_k, headdim) with block_table
     (batch, max_blocks) int32 (page_size a multiple of 16). k/v (batch, seqlen_new, nheads_k, headdim), if given,
@@ -200,13 +217,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (seqlen_rotary, rotary_dim / 2) when given (q too: at cache_seqlens + i when causal or local, else at
     cache_seqlens). Each sequence attends to its cache positions [cache_leftpad, cache_seqlens + seqlen_new) of
     row cache_batch_idx[b] (default b); causal and windows align bottom-right there. The other arguments as in
-    flash_attn_func; num_splits is a hint (0: the heuristic's). Returns out (batch, seqlen_q, nheads, headdim), and
-    softmax_lse (batch, nheads, seqlen_q) with return_softmax_lse."""
+    flash_attn_func; num_splits is a hint (0: the heuristic's). `out`, if given (q's shape and dtype), receives the
+    output. Returns out (batch, seqlen_q, nheads, headdim), and softmax_lse (batch, nheads, seqlen_q) with
+    return_softmax_lse."""
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.size(0),), cache_seqlens, dtype=torch.int32, device=q.device)
     left, right = window_size
-    out, softmax_lse = torch.ops.flashop.forward_kvcache(
-        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-        softmax_scale, causal, int(left), int(right), float(softcap), rotary_interleaved, alibi_slopes, learnable_sink,
-        num_splits, config)
+    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+            block_table, softmax_scale, causal, int(left), int(right), float(softcap), rotary_interleaved,
+            alibi_slopes, learnable_sink, num_splits, config)
+    if out is None:
+        out, softmax_lse = torch.ops.flashop.forward_kvcache(*args)
+    else:
+        softmax_lse = torch.ops.flashop.forward_kvcache.with_out(*args, out=out)
     return (out, softmax_lse) if return_softmax_lse else out

@@ -69,6 +69,7 @@ def check_backward_inputs(dout, q, out, softmax_lse, dims, packed=False):
            lambda: f"flashop: out must have the shape of q {list(q.shape)}, got {list(out.shape)}")
     _same_dtype_device(dout, "dout", q)
     _same_dtype_device(out, "out", q)
+    _last_dim_contiguous(out, "out")
     _last_dim_contiguous(dout, "dout")
     _last_dim_contiguous(out, "out")
     lse_shape, lse_dims = ([heads_q, seqlen_q], "(nheads, total_q)") if packed else \
@@ -322,3 +323,23 @@ def forward_kvcache_fake(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, r
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
         softmax_scale, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink, num_splits)
     return q.new_empty(q.shape), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
+
+
+def check_kvcache_out(out, q):
+    """The preallocated output of forward_kvcache.with_out: q's shape, dtype and device."""
+    _check(out.shape == q.shape, lambda: f"flashop: out must have the shape of q {list(q.shape)}, got {list(out.shape)}")
+    _same_dtype_device(out, "out", q)
+
+
+@torch.library.register_fake("flashop::forward_kvcache.with_out")
+def forward_kvcache_with_out_fake(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                                  cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                                  softmax_scale=None, causal=False, window_size_left=-1, window_size_right=-1,
+                                  softcap=0.0, rotary_interleaved=True, alibi_slopes=None, learnable_sink=None,
+                                  num_splits=0, config=None, *, out):
+    check_kvcache_out(out, q)
+    _, lse = forward_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                                  cache_leftpad, block_table, softmax_scale, causal, window_size_left,
+                                  window_size_right, softcap, rotary_interleaved, alibi_slopes, learnable_sink,
+                                  num_splits, config)
+    return lse

@@ -290,6 +290,36 @@ def test_opcheck():
             None, torch.tensor([1, 0], dtype=torch.int32), None, None, True, -1, -1, 0.0, True, None, None, 0, None)
     torch.library.opcheck(torch.ops.flashop.forward_kvcache.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    torch.library.opcheck(torch.ops.flashop.forward_kvcache.with_out, (q, cache.clone(), cache.clone()) + args[3:],
+                          {"out": torch.empty_like(q)},
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seqlen_q", [1, 6], ids=["decode", "prefill"])  # on CUDA: the decode kernels, the packed path
+def test_preallocated_out(device, seqlen_q):
+    """out= receives the output (the same tensor object comes back, a strided view too), equal to the call
+    without it; a wrong shape or dtype is named, under torch.compile too."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q = torch.randn(2, seqlen_q, 4, 64, dtype=dtype, device=device)
+    cache = torch.randn(2, 40, 2, 64, dtype=dtype, device=device)
+    new = torch.randn(2, 1, 2, 64, dtype=dtype, device=device)
+    lens = torch.tensor([7, 30], dtype=torch.int32, device=device)
+    expected, expected_lse = flashop.flash_attn_with_kvcache(q, cache.clone(), cache.clone(), new, new,
+                                                             cache_seqlens=lens, causal=True, return_softmax_lse=True)
+    storage = torch.full((2, seqlen_q, 4, 80), float("nan"), dtype=dtype, device=device)
+    out = storage[..., :64]  # rows of 80 elements: the kernels write at out's own strides
+    got, lse = flashop.flash_attn_with_kvcache(q, cache.clone(), cache.clone(), new, new, cache_seqlens=lens,
+                                               causal=True, return_softmax_lse=True, out=out)
+    assert got is out
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    torch.testing.assert_close(lse, expected_lse, atol=0, rtol=0)
+    assert torch.isnan(storage[..., 64:]).all()
+    with pytest.raises(RuntimeError, match="out must have the shape of q"):
+        flashop.flash_attn_with_kvcache(q, cache, cache, out=out[:1])
+    compiled = torch.compile(flashop.flash_attn_with_kvcache, fullgraph=True)
+    with pytest.raises(Exception, match="out must have the dtype of q"):
+        compiled(q, cache, cache, out=out.double())
 
 
 DECODE_VARIANTS = {  # flash_attn_func keyword arguments

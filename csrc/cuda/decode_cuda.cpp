@@ -65,7 +65,8 @@ std::tuple<at::Tensor, at::Tensor> decode_forward(
     const std::optional<at::Tensor>& key_begin_in, const std::optional<at::Tensor>& key_end_in,
     const std::optional<at::Tensor>& cache_batch_idx_in, const std::optional<at::Tensor>& block_table_in,
     double softmax_scale, int64_t window_left, int64_t window_right, double softcap,
-    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks, int64_t num_splits) {
+    const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks, int64_t num_splits,
+    const std::optional<at::Tensor>& out_in) {
   TORCH_CHECK(decode_supported(q, k_cache, v_cache), kOp, " (CUDA decode): the decode kernels do not take these "
               "inputs (flashop/kvcache.py asks decode_supported first)");
   c10::cuda::CUDAGuard guard(q.device());
@@ -77,7 +78,8 @@ std::tuple<at::Tensor, at::Tensor> decode_forward(
   const bool paged = block_table.has_value();
   const int64_t capacity = paged ? block_table->size(1) * k_cache.size(1) : k_cache.size(1);
 
-  at::Tensor out = at::empty(q.sizes(), q.options());
+  // A given out (q's shape and dtype, checked by flashop/meta.py) is written in place, at its own strides.
+  at::Tensor out = out_in.has_value() ? *out_in : at::empty(q.sizes(), q.options());
   at::Tensor lse = at::empty({batch, heads_q, seqlen_q}, q.options().dtype(at::kFloat));
   const int splits = num_splits > 0 ? int(std::min<int64_t>(num_splits, decode::kMaxSplits))
                                     : default_splits(dev, batch * heads_k, capacity);
@@ -137,10 +139,10 @@ void bind_decode(pybind11::module_& m) {
   m.def("decode_forward", &decode_forward, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("key_begin"), py::arg("key_end"), py::arg("cache_batch_idx"), py::arg("block_table"),
         py::arg("softmax_scale"), py::arg("window_left"), py::arg("window_right"), py::arg("softcap"),
-        py::arg("alibi_slopes"), py::arg("sinks"), py::arg("num_splits"),
+        py::arg("alibi_slopes"), py::arg("sinks"), py::arg("num_splits"), py::arg("out") = py::none(),
         "Split-KV decode over a contiguous or paged KV cache (checked arguments; csrc/cuda/decode/decode_params.h "
-        "has their meaning). The window is normalised (causal is (-1, 0)). Returns (out (B, Sq, Hq, D), "
-        "softmax_lse (B, Hq, Sq) float32).");
+        "has their meaning). The window is normalised (causal is (-1, 0)). Writes `out` when given (q's shape and "
+        "dtype). Returns (out (B, Sq, Hq, D), softmax_lse (B, Hq, Sq) float32).");
 }
 
 }  // namespace glue
