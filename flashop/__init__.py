@@ -9,7 +9,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 from . import _C  # noqa: F401  (registers the operators)
 from ._C import cpu_isa  # the instruction set of the CPU kernels that run
 from . import meta  # noqa: F401  (fake kernels)
-from . import configs, dispatch, kvcache, modules, ops
+from . import configs, dispatch, kvcache, modules, ops, paged
 from .ops import (
     flash_attn_func,
     flash_attn_kvpacked_func,
@@ -29,6 +29,7 @@ __all__ = [
     "kvcache",
     "modules",
     "ops",
+    "paged",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",

@@ -6,7 +6,7 @@ attends over each sequence's visible keys, [cache_leftpad, cache_seqlens + seqle
 query rows per KV head (decoding) by the split-KV decode kernels (csrc/cuda/decode/), which read the cache
 in place, paged or not; otherwise by the packed-batch forward (flashop::forward with cu_seqlens), in place
 in a contiguous cache, with a paged cache or a cache_batch_idx first gathered into a contiguous copy of the
-rows the batch reads.
+rows the batch reads (the paged-cache helpers are flashop/paged.py's, shared with flash_attn_varlen_func).
 
 The rules of every argument live in flashop/meta.py check_kvcache_arguments (shapes, dtypes, devices: the eager
 kernel and the fake kernel alike) and check_kvcache_values here (index values: eager, on the CPU, and on CUDA
@@ -19,7 +19,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from . import _C, meta
+from . import _C, meta, paged
 
 _check = meta._check
 forward_op = torch.ops.flashop.forward.default
@@ -55,10 +55,8 @@ def check_kvcache_values(k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx,
     if block_table is not None:
         table = _host(block_table)
         used = lens + seqlen_new if lens is not None else torch.full((table.size(0),), capacity, dtype=torch.int32)
-        pages = (used + k_cache.size(1) - 1) // k_cache.size(1)
-        in_use = torch.arange(table.size(1))[None] < pages[:, None]
-        _check(bool(((table >= 0) & (table < k_cache.size(0)) | ~in_use).all()),
-               lambda: f"flashop: block_table entries of the pages in use must index k_cache's {k_cache.size(0)} blocks")
+        paged.check_pages_in_use(table, paged.bad_pages(table, k_cache.size(0), k_cache.size(1), used),
+                                 k_cache.size(0), "k_cache")
     if rotary_cos is not None:
         last_key = int((lens + seqlen_new).max()) if lens.numel() else 0
         last_query = int(lens.max()) + (seqlen_q if rotates_every_query else 1) if lens.numel() else 0
@@ -84,10 +82,10 @@ def apply_rotary(x, cos, sin, positions, interleaved):
 
 def _cache_rows(cache, cache_batch_idx, block_table, capacity):
     """The cache as (batch_or_rows, capacity, nheads_k, headdim) per sequence of the batch: the cache itself when
-    it is contiguous and indexed directly, else the gathered rows (block_table's pages, cache_batch_idx's rows)."""
+    it is contiguous and indexed directly, else the gathered rows (block_table's pages, cache_batch_idx's rows).
+    block_table: clamped (paged.clamped_table)."""
     if block_table is not None:
-        pages = cache.index_select(0, block_table.flatten().long())  # unused pages may hold any index: clamped below
-        return pages.view(block_table.size(0), capacity, *cache.shape[2:])
+        return paged.gather_pages(cache, block_table)
     if cache_batch_idx is not None:
         return cache.index_select(0, cache_batch_idx.long().clamp(0, cache.size(0) - 1))  # unchecked on CUDA
     return cache
@@ -110,12 +108,6 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
         index = (batch_rows, positions)
     k_cache.index_put_(index, k)
     v_cache.index_put_(index, v)
-
-
-def _clamped_table(block_table, num_blocks):
-    """Entries past the pages a sequence uses may hold anything (vLLM leaves them stale): clamp them so the
-    gather stays inside the cache; attention never reads those positions."""
-    return block_table.clamp(0, num_blocks - 1)
 
 
 def forward_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
@@ -141,7 +133,7 @@ def forward_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary
         check_kvcache_values(k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                              capacity, seqlen_q, rotates_every_query)
     if block_table is not None:
-        block_table = _clamped_table(block_table, k_cache.size(0))
+        block_table = paged.clamped_table(block_table, k_cache.size(0))
 
     seqlen_new = 0
     if k is not None:

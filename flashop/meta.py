@@ -208,6 +208,64 @@ def backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=Fa
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+# ---------------------------------------------------------------- paged KV caches (flashop/paged.py)
+
+def check_block_table(block_table, cache, cache_name, q, batch):
+    """The rules of a block table (batch, max_blocks) int32 over a paged cache (num_blocks, page_size, nheads_k,
+    headdim), shared by flash_attn_with_kvcache and flash_attn_varlen_func. Returns the positions one sequence's
+    pages hold, max_blocks * page_size."""
+    _check(block_table.dtype == torch.int32, f"flashop: block_table must have dtype torch.int32, got "
+           f"{block_table.dtype}")
+    _check(block_table.device == q.device, f"flashop: block_table must be on the device of q ({q.device}), got "
+           f"{block_table.device}")
+    _check(block_table.dim() == 2 and block_table.size(0) == batch, f"flashop: block_table must have shape "
+           f"(batch, max_blocks) with batch = {batch}, got {list(block_table.shape)}")
+    page_size = cache.size(1)
+    _check(page_size % 16 == 0 and page_size > 0, f"flashop: with block_table, the page size ({cache_name}.size(1)) "
+           f"must be a multiple of 16 (16, 32, ...), got {page_size}")
+    _check(cache.size(0) >= 1 or block_table.size(1) == 0, f"flashop: with block_table, {cache_name} must hold at "
+           f"least one page ({cache_name}.size(0) >= 1)")
+    return block_table.size(1) * page_size
+
+
+def check_paged_varlen_inputs(q, k, v, block_table, cu_seqlens_q, cu_seqlens_k, seqused_k):
+    """The rules of flash_attn_varlen_func with block_table (the op flashop::gather_paged_kv: its eager kernel and
+    fake kernel both call this): q (total_q, nheads, headdim), k and v (num_blocks, page_size, nheads_k, headdim),
+    block_table (batch, max_blocks), cu_seqlens_q (batch + 1,), and each sequence's key count from seqused_k
+    (batch,) or cu_seqlens_k (batch + 1,). Returns (batch, capacity), capacity = max_blocks * page_size."""
+    _rank3(q, "q", "total_q")
+    for name, t in (("k", k), ("v", v)):
+        _check(t.dim() == 4, f"flashop: with block_table, {name} must be a 4-D tensor (num_blocks, page_size, "
+               f"nheads_k, headdim), got a {t.dim()}-D tensor")
+    _check(q.dtype in _FLOAT_DTYPES,
+           f"flashop: q must have dtype torch.float32, torch.float16 or torch.bfloat16, got {q.dtype}")
+    _same_dtype_device(k, "k", q)
+    _same_dtype_device(v, "v", q)
+    _check(k.shape == v.shape, "flashop: k and v must have the same shape (num_blocks, page_size, nheads_k, "
+           f"headdim), got k {list(k.shape)} and v {list(v.shape)}")
+    heads_q, headdim = q.size(1), q.size(2)
+    _check(k.size(3) == headdim, f"flashop: k must have the headdim of q ({headdim}), got {k.size(3)}")
+    _check(1 <= headdim <= MAX_HEADDIM, f"flashop: headdim must be between 1 and {MAX_HEADDIM}, got {headdim}")
+    heads_k = k.size(2)
+    _check(heads_k >= 1 and heads_q % heads_k == 0,
+           f"flashop: the number of query heads ({heads_q}) must be a multiple of the number of key/value heads ({heads_k})")
+    _last_dim_contiguous(q, "q")
+    _last_dim_contiguous(k, "k")
+    _last_dim_contiguous(v, "v")
+    _check(cu_seqlens_q.dim() == 1 and cu_seqlens_q.size(0) >= 1,
+           f"flashop: cu_seqlens_q must have shape (batch + 1,), got {list(cu_seqlens_q.shape)}")
+    batch = cu_seqlens_q.size(0) - 1
+    _index_tensor(cu_seqlens_q, "cu_seqlens_q", q, batch + 1, "(batch + 1,)")
+    capacity = check_block_table(block_table, k, "k", q, batch)
+    _check(seqused_k is not None or cu_seqlens_k is not None, "flashop: with block_table, each sequence's key count "
+           "comes from seqused_k (or from cu_seqlens_k, as FlashAttention-2 takes it): give one of them")
+    if cu_seqlens_k is not None:
+        _index_tensor(cu_seqlens_k, "cu_seqlens_k", q, batch + 1, "(batch + 1,)")
+    if seqused_k is not None:
+        _index_tensor(seqused_k, "seqused_k", q, batch, "(batch,)")
+    return batch, capacity
+
+
 # ---------------------------------------------------------------- flashop::forward_kvcache (flashop/kvcache.py)
 
 def _int32_vector(t, name, q, size):
@@ -242,21 +300,9 @@ def check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cach
            f"multiple of the number of key/value heads ({heads_k})"))
     _last_dim_contiguous(q, "q")
     if block_table is not None:
-        _check(block_table.dtype == torch.int32, lambda: (f"flashop: block_table must have dtype torch.int32, got "
-               f"{block_table.dtype}"))
-        _check(block_table.device == q.device,
-               lambda: (f"flashop: block_table must be on the device of q ({q.device}), got "
-               f"{block_table.device}"))
-        _check(block_table.dim() == 2 and block_table.size(0) == batch,
-               lambda: (f"flashop: block_table must have shape "
-               f"(batch, max_blocks) with batch = {batch}, got {list(block_table.shape)}"))
-        page_size = k_cache.size(1)
-        _check(page_size % 16 == 0,
-               lambda: (f"flashop: with block_table, the page size (k_cache.size(1)) must be a multiple "
-               f"of 16, got {page_size}"))
+        capacity = check_block_table(block_table, k_cache, "k_cache", q, batch)
         _check(cache_batch_idx is None, "flashop: cache_batch_idx cannot be combined with block_table (the block "
                "table already maps each sequence to its pages)")
-        capacity = block_table.size(1) * page_size
     else:
         capacity = k_cache.size(1)
         if cache_batch_idx is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _C, dispatch, meta
+from . import _C, dispatch, meta, paged
 
 forward_op = torch.ops.flashop.forward.default
 backward_op = torch.ops.flashop.backward.default
@@ -231,19 +231,31 @@ def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     return (out, softmax_lse, None) if return_attn_probs else out
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None, *, learnable_sink=None,
-                           seqused_q=None, seqused_k=None, config=None):
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None, *,
+                           learnable_sink=None, seqused_q=None, seqused_k=None, config=None):
     """Attention over a packed batch: q (total_q, nheads, headdim), k and v (total_k, nheads_k, headdim),
     sequence b being rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q (int32 (batch + 1,), starting at 0) and
     likewise of k/v. Causal and windows are aligned bottom-right within each sequence. seqused_q/k (int32
     (batch,)): only the first seqused[b] tokens of each sequence take part (FlashAttention-3's). Returns out
     (total_q, nheads, headdim), or (out, softmax_lse (nheads, total_q), None) with return_attn_probs. The other
-    arguments as in flash_attn_func."""
+    arguments as in flash_attn_func.
+
+    With block_table (int32 (batch, max_blocks)), k and v are a paged KV cache (num_blocks, page_size, nheads_k,
+    headdim), page_size a multiple of 16, as vLLM's FlashAttention backend calls it: sequence b's keys are its
+    first seqused_k[b] positions (or cu_seqlens_k[b + 1] - cu_seqlens_k[b] without seqused_k, as
+    FlashAttention-2 takes it; cu_seqlens_k may be None with seqused_k), position p being row p % page_size of
+    page block_table[b, p // page_size]; table entries past a sequence's pages are ignored. max_seqlen_k, if
+    given, is at least every key count. Gradients flow into the pages (summed over sequences sharing one)."""
     _reject_dropout(dropout_p)
     if block_table is not None:
-        raise NotImplementedError("flashop: block_table (paged KV) is not supported yet")
+        keys, values, seqused_k = paged.gather_paged_kv(q, k, v, block_table, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                                        max_seqlen_k)
+        batch, capacity = keys.shape[:2]
+        # Each sequence a packed sequence of its capacity rows, of which it uses its first key count.
+        cu_seqlens_k = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * capacity
+        k, v, max_seqlen_k = keys.flatten(0, 1), values.flatten(0, 1), capacity
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                              window_size, softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink,
                              seqused_q, seqused_k, config)

@@ -74,3 +74,21 @@ def test_rotary_matches_complex_rotation():
         got = rotary.apply_rotary_emb(x, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
         torch.testing.assert_close(got.double(), rotary_reference(x, cos, sin, offsets.tolist(), interleaved))
         assert torch.equal(got[..., rotary_dim:], x[..., rotary_dim:])
+
+
+def test_varlen_block_table_passes_through():
+    """FlashAttention-2's paged varlen call (its test_flash_attn_varlen_causal with paged_kv_block_size): the
+    stand-in's flash_attn_varlen_func takes block_table and runs flashop's, no skip."""
+    import flashop
+    stand_in = load("flash_attn/__init__.py")
+    lens_q, lens_k, page_size = [5, 3], [40, 17], 16
+    k_pages, v_pages = torch.randn(6, page_size, 2, 32), torch.randn(6, page_size, 2, 32)
+    table = torch.randperm(6)[:6].view(2, 3).to(torch.int32)
+    q = torch.randn(sum(lens_q), 4, 32)
+    cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32) for n in (lens_q, lens_k))
+    args = (q, k_pages, v_pages, cu_q, cu_k, max(lens_q), max(lens_k), 0.0)
+    out = stand_in.flash_attn_varlen_func(*args, causal=True, block_table=table)
+    assert torch.equal(out, flashop.flash_attn_varlen_func(*args, causal=True, block_table=table))
+    first = k_pages[table[0].long()].flatten(0, 1)[:40], v_pages[table[0].long()].flatten(0, 1)[:40]
+    torch.testing.assert_close(out[:5], flashop.flash_attn_func(q[None, :5], first[0][None], first[1][None],
+                                                                causal=True)[0])

@@ -362,3 +362,245 @@ def test_packed_problems_go_to_configs_that_run_them(monkeypatch):
             dispatch.check_config(name, torch.device("cuda"), torch.bfloat16, 128, direction)  # dense: fine
         for name in runs:
             dispatch.check_config(name, torch.device("cuda"), torch.bfloat16, 128, direction, packed=True)
+
+
+# ---------------------------------------------------------------- paged KV cache (block_table)
+
+def paged_kv(lens_k, heads_k, headdim, page_size, dtype, device, spare_slots=1, stale=True):
+    """A paged cache holding sequences of lens_k keys: k and v (num_blocks, page_size, nheads_k, headdim) with the
+    pages in random order (three more pages than the sequences use, holding noise), a block table (batch,
+    max_blocks) int32 with spare_slots entries past the longest sequence's pages, every entry past a sequence's
+    pages stale (outside the cache, negative or too large) when stale, else a valid page. Also returns the
+    (page, row) of every sequence's positions in order, packed (total_k,) each."""
+    pages = [-(-n // page_size) for n in lens_k]
+    max_blocks = max(pages, default=0) + spare_slots
+    num_blocks = sum(pages) + 3
+    k, v = (torch.randn(num_blocks, page_size, heads_k, headdim, dtype=dtype, device=device) for _ in range(2))
+    order = torch.randperm(num_blocks)
+    table = torch.randint(0, num_blocks, (len(lens_k), max_blocks))
+    start = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = order[start:start + n]
+        start += n
+        if stale:
+            unused = max_blocks - n
+            too_large = num_blocks + torch.randint(0, 1000, (unused,))
+            table[b, n:] = torch.where(torch.rand(unused) < 0.5, -1 - torch.randint(0, 1000, (unused,)), too_large)
+    positions = [torch.arange(n) for n in lens_k]
+    page_of = torch.cat([table[b, p // page_size] for b, p in enumerate(positions)]).long().to(device)
+    row_of = torch.cat([p % page_size for p in positions]).to(device)
+    return k, v, table.to(torch.int32).to(device), page_of, row_of
+
+
+PAGED_CASES = {  # name: (lens_q, lens_k, heads_q, heads_k, headdim, page_size, keyword arguments)
+    # seqused_k: a partial last page (33, 50), exactly one page (16), no key at all (0) with queries, Sq != Sk.
+    "page16_gqa_causal": ([1, 7, 3, 20], [33, 16, 0, 50], 4, 2, 64, 16, dict(causal=True)),
+    # The key counts from cu_seqlens_k (FlashAttention-2's form), not seqused_k.
+    "page64_cu_seqlens_k": ([10, 5, 1], [100, 64, 7], 2, 2, 40, 64, dict(from_cu_seqlens_k=True)),
+    "page256_mqa_causal": ([30, 2], [300, 256], 6, 1, 32, 256, dict(causal=True)),
+    "page16_window_softcap": ([12, 40], [70, 40], 4, 2, 32, 16, dict(window_size=(17, 3), softcap=10.0)),
+    "page64_alibi_causal": ([9, 1, 20], [130, 1, 20], 4, 2, 64, 64, dict(causal=True, alibi=True)),
+    "page16_sink_seqused_q": ([16, 8], [40, 8], 2, 1, 32, 16, dict(causal=True, window_size=(10, 0), sink=True,
+                                                                  seqused_q=True)),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", list(PAGED_CASES))
+def test_paged_varlen_matches_per_sequence_reference(device, dtype, case):
+    """flash_attn_varlen_func over a paged cache with shuffled pages and stale unused table entries: out, lse and
+    the gradients of q, the pages of k and v (and the sinks) against the float64 reference on each sequence's
+    keys read from its pages."""
+    lens_q, lens_k, hq, hk, d, page_size, kwargs = PAGED_CASES[case]
+    kwargs = dict(kwargs)
+    from_cu, alibi, sink, seqused = (kwargs.pop(n, False) for n in ("from_cu_seqlens_k", "alibi", "sink", "seqused_q"))
+    batch = len(lens_q)
+    q = torch.randn(sum(lens_q), hq, d, dtype=dtype, device=device)
+    k, v, table, page_of, row_of = paged_kv(lens_k, hk, d, page_size, dtype, device)
+    cu_q, cu_k = cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
+    used_k = torch.tensor(lens_k, dtype=torch.int32, device=device)
+    used_q = torch.tensor([n - n // 3 for n in lens_q], dtype=torch.int32, device=device) if seqused else None
+    slopes = torch.rand(batch, hq, device=device) if alibi else None
+    sinks = torch.randn(hq, device=device) if sink else None
+    variant = dict(kwargs, alibi_slopes=slopes)
+
+    def ours(q, k, v, sinks):
+        return flashop.flash_attn_varlen_func(
+            q, k, v, cu_q, cu_k if from_cu else None, max(lens_q), max(lens_k), return_attn_probs=True,
+            block_table=table, learnable_sink=sinks, seqused_q=used_q, seqused_k=None if from_cu else used_k,
+            **variant)
+
+    if device == "cuda" and dtype == torch.float32:
+        assert_cuda_refuses(lambda: ours(q, k, v, sinks))
+        return
+
+    def reference(q, k, v, sinks, upcast):
+        keys, values = k[page_of, row_of], v[page_of, row_of]  # each sequence's positions, packed
+        return per_sequence_reference(q, keys, values, cu_q, cu_k, used_q if seqused else torch.tensor(lens_q),
+                                      torch.tensor(lens_k), upcast, learnable_sink=sinks, **dict(variant))
+
+    leaves = [t.requires_grad_() for t in (q, k, v)] + ([sinks.requires_grad_()] if sink else [])
+    out, lse, _ = ours(q, k, v, sinks)
+    assert out.shape == q.shape and lse.shape == (hq, q.size(0))
+    ref_out, ref_lse = reference(q, k, v, sinks, True)
+    lowp_out, _ = reference(q, k, v, sinks, False)
+    assert_close_to_reference(out, ref_out, lowp_out, "out", factor=3 if alibi else 2)
+    empty = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), empty)
+    torch.testing.assert_close(lse[~empty], ref_lse[~empty].float(), atol=1e-3, rtol=1e-3)
+
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, dout)
+    ref_grads = torch.autograd.grad(ref_out, leaves, dout.double())
+    lowp_grads = torch.autograd.grad(lowp_out, leaves, dout)
+    for name, g, r, lp in zip(("dq", "dk_pages", "dv_pages"), grads, ref_grads, lowp_grads):
+        assert_grad_close_to_reference(g, r, lp, name)
+    if sink:
+        if dtype == torch.float32:
+            assert_grad_close_to_reference(grads[3], ref_grads[3], lowp_grads[3], "dsink")
+        else:
+            torch.testing.assert_close(grads[3].double(), sink_grad_from_output(dout, out, ref_lse, sinks),
+                                       rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_varlen_seqused_k_overrides_cu_seqlens_k_and_takes_a_strided_table(device):
+    """seqused_k decides the key counts when cu_seqlens_k is given too (FlashAttention-2); cu_seqlens_k=None with
+    seqused_k (vLLM's call); a column slice of a wider table (vLLM's cascade suffix) reads the same pages as its
+    contiguous copy; stale entries never change the result."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    lens_q, lens_k = [3, 1, 6], [40, 17, 6]
+    q = torch.randn(sum(lens_q), 4, 64, dtype=dtype, device=device)
+    k, v, table, _, _ = paged_kv(lens_k, 2, 64, 16, dtype, device, spare_slots=2)
+    cu_q, used = cu_seqlens(lens_q, device), torch.tensor(lens_k, dtype=torch.int32, device=device)
+    call = lambda table, cu_k, used: flashop.flash_attn_varlen_func(  # noqa: E731
+        q, k, v, cu_q, cu_k, max(lens_q), None, causal=True, block_table=table, seqused_k=used)
+    expected = call(table, None, used)
+    assert torch.equal(call(table, cu_seqlens([0, 0, 0], device), used), expected)
+    assert torch.equal(call(table, cu_seqlens(lens_k, device), None), expected)
+    wider = torch.cat([torch.full_like(table[:, :2], 10**6), table], dim=1)
+    assert not wider[:, 2:].is_contiguous()
+    assert torch.equal(call(wider[:, 2:], None, used), expected)
+    restaled = table.clone()
+    restaled[:, -2:] = -7
+    assert torch.equal(call(restaled, None, used), expected)
+
+
+def _paged_bad_calls():
+    q = torch.randn(8, 4, 32)
+    pages = torch.randn(4, 16, 2, 32)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    cu = torch.tensor([0, 4, 8], dtype=torch.int32)
+    used = torch.tensor([20, 5], dtype=torch.int32)
+    base = dict(q=q, k=pages, v=pages, cu_seqlens_q=cu, cu_seqlens_k=None, max_seqlen_q=4, max_seqlen_k=32,
+                block_table=table, seqused_k=used)
+    return base, {  # name: (changed keyword arguments, the message)
+        "table dtype": (dict(block_table=table.long()), "block_table must have dtype torch.int32, got torch.int64"),
+        "table batch": (dict(block_table=torch.zeros(3, 2, dtype=torch.int32)),
+                        "block_table must have shape \\(batch, max_blocks\\) with batch = 2, got \\[3, 2\\]"),
+        "table rank": (dict(block_table=table.flatten()), "block_table must have shape \\(batch, max_blocks\\)"),
+        "page size": (dict(k=pages[:, :8], v=pages[:, :8]),
+                      "with block_table, the page size \\(k.size\\(1\\)\\) must be a multiple of 16"),
+        "k rank": (dict(k=pages.flatten(0, 1), v=pages.flatten(0, 1)),
+                   "with block_table, k must be a 4-D tensor \\(num_blocks, page_size, nheads_k, headdim\\), got a "
+                   "3-D tensor"),
+        "k dtype": (dict(k=pages.half()), "k must have the dtype of q \\(torch.float32\\), got torch.float16"),
+        "v shape": (dict(v=pages[:3]), "k and v must have the same shape \\(num_blocks, page_size, nheads_k, "
+                                       "headdim\\)"),
+        "headdim": (dict(k=pages[..., :16], v=pages[..., :16]), "k must have the headdim of q \\(32\\), got 16"),
+        "heads": (dict(k=torch.randn(4, 16, 3, 32), v=torch.randn(4, 16, 3, 32)),
+                  "the number of query heads \\(4\\) must be a multiple of the number of key/value heads \\(3\\)"),
+        "no key counts": (dict(seqused_k=None), "with block_table, each sequence's key count comes from seqused_k"),
+        "seqused_k dtype": (dict(seqused_k=used.long()), "seqused_k must have dtype torch.int32, got torch.int64"),
+        "seqused_k shape": (dict(seqused_k=used[:1]), "seqused_k must have shape \\(batch,\\) = \\(2,\\), got \\[1\\]"),
+        "cu_seqlens_k shape": (dict(cu_seqlens_k=cu[:2]), "cu_seqlens_k must have shape \\(batch \\+ 1,\\) = \\(3,\\)"),
+        "cu_seqlens_q dtype": (dict(cu_seqlens_q=cu.long()), "cu_seqlens_q must have dtype torch.int32"),
+        # Index values: eager (and at run time of a compiled call), where they can be read.
+        "seqused_k past the pages": (dict(seqused_k=torch.tensor([33, 5], dtype=torch.int32)),
+                                     "each sequence's key count \\(seqused_k\\) must lie in \\[0, 32\\] \\(max_blocks "
+                                     "\\* page_size, the positions of its block_table pages\\), got 33 at b = 0"),
+        "negative cu_seqlens_k count": (dict(seqused_k=None, cu_seqlens_k=torch.tensor([0, 9, 4], dtype=torch.int32)),
+                                        "key count \\(cu_seqlens_k\\[b \\+ 1\\] - cu_seqlens_k\\[b\\]\\) must lie in "
+                                        "\\[0, 32\\] .*got -5 at b = 1"),
+        "max_seqlen_k": (dict(max_seqlen_k=19), "max_seqlen_k \\(19\\) is smaller than sequence 0's key count 20"),
+        "page out of range": (dict(block_table=torch.tensor([[0, 1], [4, 3]], dtype=torch.int32)),
+                              "block_table entries of the pages in use must index k's 4 blocks, got "
+                              "block_table\\[1, 0\\] = 4"),
+        "negative page": (dict(block_table=torch.tensor([[0, -1], [2, 3]], dtype=torch.int32)),
+                          "must index k's 4 blocks, got block_table\\[0, 1\\] = -1"),
+        "cu_seqlens_q values": (dict(cu_seqlens_q=torch.tensor([1, 4, 8], dtype=torch.int32)),
+                                "cu_seqlens_q must start at 0, got 1"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_paged_bad_calls()[1]))
+def test_paged_varlen_bad_arguments_are_named(case):
+    base, cases = _paged_bad_calls()
+    change, message = cases[case]
+    with pytest.raises(RuntimeError, match=message):
+        flashop.flash_attn_varlen_func(**dict(base, **change))
+
+
+@pytest.mark.parametrize("case", ["table dtype", "table batch", "page size", "k rank", "k dtype", "headdim", "heads",
+                                  "no key counts", "seqused_k shape", "cu_seqlens_k shape", "page out of range"])
+def test_paged_varlen_bad_arguments_are_named_under_compile(case):
+    """The shape rules from the fake kernel at trace time, with eager's message; the index values when the
+    compiled call runs."""
+    base, cases = _paged_bad_calls()
+    change, message = cases[case]
+    compiled = torch.compile(lambda kw: flashop.flash_attn_varlen_func(**kw), fullgraph=True)
+    with pytest.raises(Exception, match=message):
+        compiled(dict(base, **change))
+
+
+def test_paged_varlen_compiles_fullgraph_without_recompiling():
+    """torch.compile(fullgraph=True, dynamic=True): forward and backward match eager as the batch, the page count
+    and the table width change, in one graph."""
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+
+    def step(q, k, v, cu_q, table, used, max_seqlen_q):
+        out = flashop.flash_attn_varlen_func(q, k, v, cu_q, None, max_seqlen_q, None, causal=True, block_table=table,
+                                             seqused_k=used, window_size=(30, 0))
+        return out.float().square().sum()
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    # No duck sizing: sizes that happen to be equal in the first call (heads and table width) stay apart.
+    no_duck = torch.fx.experimental._config.patch(use_duck_shape=False)
+    for lens_q, lens_k in (([3, 9], [40, 9]), ([1, 1, 30], [70, 0, 33]), ([17, 4], [17, 50]), ([2, 5, 5, 1], [2, 80, 5, 47])):
+        q = torch.randn(sum(lens_q), 4, 32, requires_grad=True)
+        k, v, table, _, _ = paged_kv(lens_k, 2, 32, 16, torch.float32, "cpu")
+        k.requires_grad_()
+        args = (cu_seqlens(lens_q, "cpu"), table, torch.tensor(lens_k, dtype=torch.int32), max(lens_q))
+        with no_duck:
+            loss = compiled(q, k, v, *args)
+        grads = torch.autograd.grad(loss, (q, k))
+        eager_loss = step(q, k, v, *args)
+        eager_grads = torch.autograd.grad(eager_loss, (q, k))
+        torch.testing.assert_close(loss, eager_loss)
+        for g, e in zip(grads, eager_grads):
+            torch.testing.assert_close(g, e)
+    assert counts["stats"]["unique_graphs"] == 1, dict(counts["stats"])
+
+
+def test_paged_varlen_opcheck():
+    lens_k = [20, 0, 33]
+    k, v, table, _, _ = paged_kv(lens_k, 2, 32, 16, torch.float32, "cpu")
+    q = torch.randn(9, 4, 32)
+    k.requires_grad_()
+    v.requires_grad_()
+    cu_q = cu_seqlens([4, 2, 3], "cpu")
+    for cu_k, used in ((None, torch.tensor(lens_k, dtype=torch.int32)), (cu_seqlens(lens_k, "cpu"), None)):
+        torch.library.opcheck(torch.ops.flashop.gather_paged_kv.default, (q, k, v, table, cu_q, cu_k, used, 33))
+
+
+@needs_cuda
+def test_paged_varlen_refuses_cuda_graph_capture():
+    q = torch.randn(4, 2, 64, dtype=torch.bfloat16, device="cuda")
+    k, v, table, _, _ = paged_kv([20, 3], 1, 64, 16, torch.bfloat16, "cuda")
+    cu_q, used = cu_seqlens([1, 3], "cuda"), torch.tensor([20, 3], dtype=torch.int32, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="flash_attn_varlen_func with block_table cannot run inside a CUDA graph"):
+        with torch.cuda.graph(graph):
+            flashop.flash_attn_varlen_func(q, k, v, cu_q, None, 3, 20, block_table=table, seqused_k=used)
