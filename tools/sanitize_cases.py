@@ -5,7 +5,8 @@ op). Also checks values, so a run that reads garbage fails.
 
     compute-sanitizer --tool memcheck python3 tools/sanitize_cases.py ['bf16.*' ...]
 
-Arguments are fnmatch patterns over config names (default: every built bf16 config).
+Arguments are fnmatch patterns over config names (default: every built bf16 config); "decode" adds the split-KV
+decode kernels' cases.
 """
 import fnmatch
 import sys
@@ -66,6 +67,38 @@ def cases(width):
     """(headdim, shape) pairs a config of this tile width runs."""
     narrower = sorted({d for d in (width - 8, width - 27) if d >= 1})
     return [(width, s) for s in SHAPES] + [(d, s) for d in narrower for s in NARROWER_SHAPES]
+
+
+def decode_cases():
+    """The split-KV decode kernels (flash_attn_with_kvcache) at every tile width and a narrower head dimension:
+    contiguous and paged caches (pages of 16 with stale table entries past the pages in use), leftpad, empty
+    sequences, forced splits, GQA rows; checked against the CPU kernel. Returns the failures."""
+    failures = 0
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float16, torch.bfloat16):
+        for headdim in (64, 40, 128, 72, 256, 200):
+            for page_size, splits in ((0, 0), (16, 3)):
+                lens, leftpad = torch.tensor([0, 1, 77, 300], dtype=torch.int32), torch.tensor([0, 0, 5, 130],
+                                                                                              dtype=torch.int32)
+                q = torch.randn(4, 2, 8, headdim, generator=gen).to(dtype)
+                cache_k, cache_v = (torch.randn(4, 304, 2, headdim, generator=gen).to(dtype) for _ in range(2))
+                kwargs = dict(cache_seqlens=lens, cache_leftpad=leftpad, causal=True, num_splits=splits)
+                ref = flashop.flash_attn_with_kvcache(q.float(), cache_k.float(), cache_v.float(), **kwargs)
+                if page_size:
+                    pages = 304 // page_size
+                    order = torch.randperm(4 * pages, generator=gen)
+                    table = torch.full((4, pages + 2), 10**6, dtype=torch.int32)  # stale columns never read
+                    table[:, :pages] = order.view(4, pages).to(torch.int32)
+                    k_pages, v_pages = (torch.empty_like(c.view(4 * pages, page_size, 2, headdim)) for c in (cache_k, cache_v))
+                    k_pages[order], v_pages[order] = (c.view(4 * pages, page_size, 2, headdim) for c in (cache_k, cache_v))
+                    cache_k, cache_v, kwargs["block_table"] = k_pages, v_pages, table
+                on_gpu = {key: val.cuda() if isinstance(val, torch.Tensor) else val for key, val in kwargs.items()}
+                out = flashop.flash_attn_with_kvcache(q.cuda(), cache_k.cuda(), cache_v.cuda(), **on_gpu)
+                err = (out.float().cpu() - ref).abs().max().item()
+                if not err < 2e-2:
+                    failures += 1
+                    print(f"FAIL decode {dtype} d{headdim} page {page_size} splits {splits}: max error {err:.3e}")
+    return failures
 
 
 def main(patterns):
@@ -178,6 +211,7 @@ def main(patterns):
                 if not err < 5e-2:
                     failures += 1
                     print(f"FAIL {name} packed {case} causal={causal}: max relative grad error {err:.3e}")
+    failures += decode_cases() if "decode" in patterns else 0
     torch.cuda.synchronize()
     print(f"sanitize cases done: {len(names)} forward and {len(bwd_names)} backward configs, {failures} failures")
     sys.exit(1 if failures else 0)
