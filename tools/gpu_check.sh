@@ -145,7 +145,7 @@ if has policy; then
 fi
 if has fa2; then
   step "FlashAttention-2's tests"
-  timeout "${TEST_TIMEOUT:-900}" bash tools/fa2_suite/run.sh "${FA2_TEST:-.fa2/test_flash_attn.py}" -q -rf \
+  timeout -s INT -k 30 "${TEST_TIMEOUT:-900}" bash tools/fa2_suite/run.sh "${FA2_TEST:-.fa2/test_flash_attn.py}" -q -rf \
     ${FA2_K:+-k "$FA2_K"} ${FA2_ARGS:---fa2-without dropout_p} 2>&1 \
     | grep -v "^SKIPPED" > "$OUT/fa2.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
