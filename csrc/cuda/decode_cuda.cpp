@@ -54,10 +54,11 @@ const int32_t* index_data(const std::optional<at::Tensor>& t) {
   return t.has_value() ? t->const_data_ptr<int32_t>() : nullptr;
 }
 
-// Enough CTAs for about two waves, never a split shorter than 256 cache positions.
-int default_splits(const Device& dev, int64_t ctas, int64_t capacity) {
-  const int64_t waves = (2 * int64_t(dev.sm_count) + ctas - 1) / ctas;
-  return int(std::clamp<int64_t>(std::min(waves, capacity / 256), 1, decode::kMaxSplits));
+// As many splits as fill one wave of resident CTAs without starting a second (a partial second wave costs a
+// whole split's time), never a split shorter than 256 cache positions.
+int default_splits(const Device& dev, int resident_per_sm, int64_t ctas, int64_t capacity) {
+  const int64_t wave = int64_t(dev.sm_count) * resident_per_sm;
+  return int(std::clamp<int64_t>(std::min(wave / ctas, capacity / 256), 1, decode::kMaxSplits));
 }
 
 std::tuple<at::Tensor, at::Tensor> decode_forward(
@@ -82,7 +83,9 @@ std::tuple<at::Tensor, at::Tensor> decode_forward(
   at::Tensor out = out_in.has_value() ? *out_in : at::empty(q.sizes(), q.options());
   at::Tensor lse = at::empty({batch, heads_q, seqlen_q}, q.options().dtype(at::kFloat));
   const int splits = num_splits > 0 ? int(std::min<int64_t>(num_splits, decode::kMaxSplits))
-                                    : default_splits(dev, batch * heads_k, capacity);
+                                    : default_splits(dev, decode::resident_ctas(int(headdim), q.scalar_type() == at::kBFloat16,
+                                                                                q.get_device()),
+                                                     batch * heads_k, capacity);
   at::Tensor partial_out, partial_lse;
   const int64_t rows_total = batch * heads_q * seqlen_q;
   if (splits > 1) {

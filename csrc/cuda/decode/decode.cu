@@ -11,27 +11,50 @@ namespace {
 
 static_assert(kMaxRows == kRowsPerGroup, "the launcher's row limit is the kernel's mma width");
 
+// Dynamic shared memory beyond 48 KiB must be opted into, per device and kernel.
 template <typename T, int kWidth>
-cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
-  constexpr uint32_t kSmem = DecodeSmem<kWidth>::kBytes;
-  // Dynamic shared memory beyond 48 KiB must be opted into, per device and kernel.
+cudaError_t configure() {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   static std::atomic<unsigned long long> configured{0};  // one bit per device
   const unsigned long long bit = dev < 64 ? (1ull << dev) : 0ull;
   if (bit == 0 || (configured.load(std::memory_order_acquire) & bit) == 0) {
-    err = cudaFuncSetAttribute(decode_kernel<T, kWidth>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+    err = cudaFuncSetAttribute(decode_kernel<T, kWidth>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(DecodeSmem<kWidth>::kBytes));
     if (err != cudaSuccess) return err;
     configured.fetch_or(bit, std::memory_order_acq_rel);
   }
+  return cudaSuccess;
+}
+
+template <typename T, int kWidth>
+cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
+  const cudaError_t err = configure<T, kWidth>();
+  if (err != cudaSuccess) return err;
   const dim3 grid(p.num_splits, p.heads_k, p.batch);
-  decode_kernel<T, kWidth><<<grid, kThreads, kSmem, stream>>>(p);
+  decode_kernel<T, kWidth><<<grid, kThreads, DecodeSmem<kWidth>::kBytes, stream>>>(p);
   if (p.num_splits > 1) {
     const unsigned rows = unsigned(int64_t(p.batch) * p.heads_q * p.seqlen_q);
     combine_kernel<T, kWidth><<<rows, kThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
+}
+
+template <typename T, int kWidth>
+int resident(int dev) {
+  static std::atomic<int> known[64];  // per device; 0: not asked yet
+  std::atomic<int>* slot = dev >= 0 && dev < 64 ? &known[dev] : nullptr;
+  if (slot != nullptr && slot->load(std::memory_order_acquire) > 0) return slot->load(std::memory_order_relaxed);
+  int blocks = 0;
+  if (configure<T, kWidth>() != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_kernel<T, kWidth>, kThreads,
+                                                    DecodeSmem<kWidth>::kBytes) != cudaSuccess) {
+    (void)cudaGetLastError();  // the heuristic falls back to one CTA per SM; a launch reports real errors
+  }
+  blocks = std::max(blocks, 1);
+  if (slot != nullptr) slot->store(blocks, std::memory_order_release);
+  return blocks;
 }
 
 template <typename T>
@@ -44,6 +67,14 @@ cudaError_t launch_width(const DecodeParams& p, cudaStream_t stream) {
 }  // namespace
 
 int tile_width(int headdim) { return headdim <= 64 ? 64 : (headdim <= 128 ? 128 : 256); }
+
+int resident_ctas(int headdim, bool bf16, int device) {
+  const int width = tile_width(headdim);
+  if (bf16) return width == 64 ? resident<__nv_bfloat16, 64>(device) : width == 128 ? resident<__nv_bfloat16, 128>(device)
+                                                                                   : resident<__nv_bfloat16, 256>(device);
+  return width == 64 ? resident<__half, 64>(device) : width == 128 ? resident<__half, 128>(device)
+                                                                   : resident<__half, 256>(device);
+}
 
 cudaError_t launch_decode(const DecodeParams& p, bool bf16, cudaStream_t stream) {
   return bf16 ? launch_width<__nv_bfloat16>(p, stream) : launch_width<__half>(p, stream);

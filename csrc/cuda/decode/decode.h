@@ -17,6 +17,9 @@ constexpr int kMaxSplits = 128;
 // The tile width the kernels run a head dimension at (partial_out's last extent).
 int tile_width(int headdim);
 
+// How many decode CTAs of this head dimension's kernel one SM holds at once (the split heuristic's wave).
+int resident_ctas(int headdim, bool bf16, int device);
+
 // Launches the decode kernel (and, with num_splits > 1, the combine kernel) on `stream`.
 cudaError_t launch_decode(const DecodeParams& p, bool bf16, cudaStream_t stream);
 
