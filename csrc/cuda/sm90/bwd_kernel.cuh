@@ -483,7 +483,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       mbar_arrive_expect_tx(bar_kv, 2 * T::kKVTile);
       for (int h = 0; h < T::kKBlocks; ++h) {
         tma_load_4d(&tm_k, sK + h * T::kKBlock, bar_kv, T::kKColBlock * h, k_row0 + key0, hk, tma_b);
-        if (h < T::kDBlocks) tma_load_4d(&tm_v, sV + h * T::kKVBlock, bar_kv, T::kColBlock * h, k_row0 + key0, hk, tma_b);
+        if (h < T::kDBlocks)
+          tma_load_4d(&tm_v, sV + h * T::kKVBlock, bar_kv, T::kColBlock * h, k_row0 + key0, hk, tma_b);
       }
       for (int it = 0; it < total; ++it) {
         const int s = it % T::kStages;
@@ -600,14 +601,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else {
       // P^T into pa and, softcap, P^T (1 - tanh^2) into st (bwd_variant_probs); masked where this
       // consumer's 64 keys cross Sk or a window edge for some of the 64 queries.
-      const bool need_mask = bwd_variant_need_mask<T::kPacked>(p, key0 + 64 * c, q0, kBM, seq.used_q, seq.used_k);
+      const bool need_mask =
+          bwd_variant_need_mask<T::kPacked>(p, key0 + 64 * c, q0, kBM, seq.used_q, seq.used_k);
       const float slope_l2 = bwd_alibi_slope_l2(p, b, hq);
       if (p.variants.softcap > 0.f)
-        bwd_variant_probs<T::kBf16, true, kBM / 8, T::kPacked>(st, pa, p, sLse, t, key_lo, q0 + 2 * t, slope_l2, need_mask,
-                                                    seq.used_q, seq.used_k);
+        bwd_variant_probs<T::kBf16, true, kBM / 8, T::kPacked>(st, pa, p, sLse, t, key_lo, q0 + 2 * t, slope_l2,
+                                                                 need_mask, seq.used_q, seq.used_k);
       else
-        bwd_variant_probs<T::kBf16, false, kBM / 8, T::kPacked>(st, pa, p, sLse, t, key_lo, q0 + 2 * t, slope_l2, need_mask,
-                                                    seq.used_q, seq.used_k);
+        bwd_variant_probs<T::kBf16, false, kBM / 8, T::kPacked>(st, pa, p, sLse, t, key_lo, q0 + 2 * t, slope_l2,
+                                                                 need_mask, seq.used_q, seq.used_k);
     }
     // 16-bit A fragments of P^T for k16 step j (queries 16j..16j+15): r = 0: n8 block 2j rows g;
     // 1: block 2j rows g+8; 2, 3: block 2j+1. dV += P^T dO is issued before dP^T is waited for, so
@@ -733,9 +735,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // are read again here rather than held through the loop, which has no register to spare.
   if constexpr (T::kPacked) seq = bwd_sequence(p, b);
   Elem* gdk = static_cast<Elem*>(p.dk) +
-              (T::kPacked ? int64_t(seq.k_start) * p.dk_row_stride : int64_t(b) * p.dk_batch_stride) + int64_t(hk) * p.dk_head_stride;
+              (T::kPacked ? int64_t(seq.k_start) * p.dk_row_stride : int64_t(b) * p.dk_batch_stride) +
+              int64_t(hk) * p.dk_head_stride;
   Elem* gdv = static_cast<Elem*>(p.dv) +
-              (T::kPacked ? int64_t(seq.k_start) * p.dv_row_stride : int64_t(b) * p.dv_batch_stride) + int64_t(hk) * p.dv_head_stride;
+              (T::kPacked ? int64_t(seq.k_start) * p.dv_row_stride : int64_t(b) * p.dv_batch_stride) +
+              int64_t(hk) * p.dv_head_stride;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = key_lo + 8 * h;
@@ -1028,11 +1032,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       const bool need_mask = bwd_variant_need_mask<T::kPacked>(p, key0, q0 + qc, 32, seq.used_q, seq.used_k);
       const float slope_l2 = bwd_alibi_slope_l2(p, b, hq);
       if (p.variants.softcap > 0.f)
-        bwd_variant_probs<T::kBf16, true, 4, T::kPacked>(st, fr, p, sLse, t, key_lo, q0 + qc + 2 * t, slope_l2, need_mask,
-                                                    seq.used_q, seq.used_k);
+        bwd_variant_probs<T::kBf16, true, 4, T::kPacked>(st, fr, p, sLse, t, key_lo, q0 + qc + 2 * t, slope_l2,
+                                                                 need_mask, seq.used_q, seq.used_k);
       else
-        bwd_variant_probs<T::kBf16, false, 4, T::kPacked>(st, fr, p, sLse, t, key_lo, q0 + qc + 2 * t, slope_l2, need_mask,
-                                                    seq.used_q, seq.used_k);
+        bwd_variant_probs<T::kBf16, false, 4, T::kPacked>(st, fr, p, sLse, t, key_lo, q0 + qc + 2 * t, slope_l2,
+                                                                 need_mask, seq.used_q, seq.used_k);
     }
     store_t(sP, fr);
     fence_proxy_async_smem();
@@ -1119,9 +1123,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // are read again here rather than held through the loop, which has no register to spare.
   if constexpr (T::kPacked) seq = bwd_sequence(p, b);
   Elem* gdk = static_cast<Elem*>(p.dk) +
-              (T::kPacked ? int64_t(seq.k_start) * p.dk_row_stride : int64_t(b) * p.dk_batch_stride) + int64_t(hk) * p.dk_head_stride + kH * c;
+              (T::kPacked ? int64_t(seq.k_start) * p.dk_row_stride : int64_t(b) * p.dk_batch_stride) +
+              int64_t(hk) * p.dk_head_stride + kH * c;
   Elem* gdv = static_cast<Elem*>(p.dv) +
-              (T::kPacked ? int64_t(seq.k_start) * p.dv_row_stride : int64_t(b) * p.dv_batch_stride) + int64_t(hk) * p.dv_head_stride + kH * c;
+              (T::kPacked ? int64_t(seq.k_start) * p.dv_row_stride : int64_t(b) * p.dv_batch_stride) +
+              int64_t(hk) * p.dv_head_stride + kH * c;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = key_lo + 8 * h;
@@ -1156,7 +1162,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 // Shared memory: K, V 96 x 192 each (72 KiB); Q, dO 2 stages x 24 KiB each; P, dS 2 buffers x 12 KiB each;
 // lse/D 1 KiB: 217 KiB + barriers + 1 KiB alignment slack. dK and dV leave through a free Q or dO stage
 // (transposed by stmatrix.trans), in 16-byte stores.
-// The attention variants are not built for it (kSupportsVariants false); .lpt takes it as any wide build.
+// The attention variants are not built for it (kSupportsVariants false), nor packed batches (their build is the
+// variants one); .lpt takes it as any wide build.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
     bwd_kernel_sm90_wide_keys(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
