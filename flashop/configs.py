@@ -759,8 +759,9 @@ class HopperBackwardConfig:
 
     @property
     def supports_packed(self) -> bool:
-        """Runs packed batches (cu_seqlens): not yet (the mma.sync backward configs do)."""
-        return False
+        """Runs packed batches (cu_seqlens): on its packed build (Sm90BwdPacked), made where the variants build
+        is (all but B_c = 96)."""
+        return self.supports_variants
 
     @property
     def name(self) -> str:

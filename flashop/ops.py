@@ -142,6 +142,9 @@ if _C.WITH_CUDA:
         headdim = q.size(-1)
         dout, q, k, v, out = _pad_headdim(dout, q, k, v, out)
         native = dispatch.hopper_module() if config.startswith("sm90.bwd.") else _C
+        if packed is not None and native is not _C:  # as in _forward_cuda
+            cu_q, cu_k, _, _, used_q, used_k = packed_args
+            packed_args = (cu_q, cu_k, *_C.check_packed(q, k, v, *packed_args), used_q, used_k)
         grads = native.backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, config, *variants,
                                 *packed_args)
         return _unpad_headdim(headdim, *grads)

@@ -340,8 +340,8 @@ def test_varlen_cuda_every_mma_sync_backward_config(config):
 # ---------------------------------------------------------------- dispatch
 
 def test_packed_problems_go_to_configs_that_run_them(monkeypatch):
-    """A packed batch rules out the kernels without packed batches (supports_packed: the Hopper ones for now)
-    in the policy's pick, and a named one is refused with its name (eager and fake kernels share
+    """A packed batch rules out the kernels without packed batches (supports_packed: the Hopper forward
+    configs without a variants build, the Hopper backward B_c = 96 ones) in the policy's pick, and a named one is refused with its name (eager and fake kernels share
     check_config)."""
     from test_dispatch import ALL_BUILT, ALL_BUILT_BACKWARD, DEVICES as PARTS
     for direction, built in (("forward", ALL_BUILT), ("backward", ALL_BUILT_BACKWARD)):
@@ -604,3 +604,21 @@ def test_paged_varlen_refuses_cuda_graph_capture():
     with pytest.raises(RuntimeError, match="flash_attn_varlen_func with block_table cannot run inside a CUDA graph"):
         with torch.cuda.graph(graph):
             flashop.flash_attn_varlen_func(q, k, v, cu_q, None, 3, 20, block_table=table, seqused_k=used)
+
+
+def test_packed_backward_takes_the_wgmma_kernel_on_hopper():
+    """On compute capability 9.0 a packed backward goes to the Hopper backward as a dense one does (same width,
+    causal or not, GQA); at d192 to B_c = 64, the B_c = 96 build (the dense default) having no packed build.
+    Elsewhere it stays on mma.sync."""
+    from test_dispatch import ALL_BUILT_BACKWARD, DEVICES as PARTS
+    for headdim in dispatch.HOPPER_BACKWARD_HEADDIMS:
+        for causal in (False, True):
+            for dtype in ("bf16", "fp16"):
+                dense = dispatch.Problem(dtype, headdim, 2048, 2048, 16, causal, "backward")
+                packed = dispatch.Problem(dtype, headdim, 2048, 2048, 16, causal, "backward", packed=True)
+                dense_name = dispatch.choose_config(PARTS["H100"], dense, ALL_BUILT_BACKWARD)[0]
+                name = dispatch.choose_config(PARTS["H100"], packed, ALL_BUILT_BACKWARD)[0]
+                assert name.startswith("sm90.bwd.") and dispatch.runs_packed(dispatch.parse_config(name)), name
+                expected = dense_name.replace(".bc96", ".bc64")
+                assert name == expected, (name, dense_name)
+                assert dispatch.choose_config(PARTS["A100"], packed, ALL_BUILT_BACKWARD)[0].startswith("bwd.")

@@ -15,6 +15,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -249,11 +250,44 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, 
                                                         double softmax_scale, bool causal, bool deterministic,
                                                         const std::string& config, int64_t window_left,
                                                         int64_t window_right, double softcap,
-                                                        const c10::optional<at::Tensor>& alibi_slopes) {
-  const AttentionDims dims = check_forward_inputs(q, k, v);
-  check_backward_inputs(dout, q, out, softmax_lse, dims);
+                                                        const c10::optional<at::Tensor>& alibi_slopes,
+                                                        const c10::optional<at::Tensor>& cu_seqlens_q,
+                                                        const c10::optional<at::Tensor>& cu_seqlens_k,
+                                                        c10::optional<int64_t> max_seqlen_q,
+                                                        c10::optional<int64_t> max_seqlen_k,
+                                                        const c10::optional<at::Tensor>& seqused_q,
+                                                        const c10::optional<at::Tensor>& seqused_k) {
+  // Packed batch (csrc/packed_sequences.h): as forward's; the value checks are the caller's (flashop/ops.py
+  // through flashop._C.check_packed, eager only), and whatever the values the kernels stay inside the
+  // tensors (sequence_bounds).
+  const bool is_packed = cu_seqlens_q.has_value();
+  TORCH_CHECK(is_packed == cu_seqlens_k.has_value() && is_packed == max_seqlen_q.has_value() &&
+                  is_packed == max_seqlen_k.has_value() &&
+                  (is_packed || (!seqused_q.has_value() && !seqused_k.has_value())),
+              "flashop.backward (sm90): a packed batch takes cu_seqlens_q, cu_seqlens_k, max_seqlen_q and "
+              "max_seqlen_k together (seqused_q/k only with them)");
+  const AttentionDims dims =
+      is_packed ? check_varlen_inputs(q, k, v, VarlenArgs{*cu_seqlens_q, *cu_seqlens_k, seqused_q, seqused_k})
+                : check_forward_inputs(q, k, v);
+  check_backward_inputs(dout, q, out, softmax_lse, dims, is_packed);
   const DType dt = check_cuda_inputs(q, softmax_scale, kBwd, "sm90");
   const Sm90BwdKernel& kernel = backward_kernel(config);
+  TORCH_CHECK(!is_packed || kernel.supports_packed, "flashop.backward: kernel config '", config,
+              "' does not run packed batches (cu_seqlens); its HopperBackwardConfig.supports_packed is False. Pick "
+              "another config or config=None.");
+  PackedBatch packed;
+  if (is_packed) {
+    TORCH_CHECK(*max_seqlen_q >= 0 && *max_seqlen_k >= 0 && *max_seqlen_q < std::numeric_limits<int>::max() &&
+                    *max_seqlen_k < std::numeric_limits<int>::max(),
+                "flashop.backward (sm90): max_seqlen_q and max_seqlen_k must be in [0, 2^31)");
+    packed.cu_seqlens_q = cu_seqlens_q->contiguous();
+    packed.cu_seqlens_k = cu_seqlens_k->contiguous();
+    if (seqused_q.has_value()) packed.seqused_q = seqused_q->contiguous();
+    if (seqused_k.has_value()) packed.seqused_k = seqused_k->contiguous();
+    // A max_seqlen above the tokens sizes the grid only (as check_packed_inputs).
+    packed.max_seqlen_q = std::min(*max_seqlen_q, dims.seqlen_q);
+    packed.max_seqlen_k = std::min(*max_seqlen_k, dims.seqlen_k);
+  }
   TORCH_CHECK(!deterministic, "flashop.backward: kernel config '", config,
               "' adds dQ with atomics in any order; deterministic=True needs an mma.sync backward config (bwd.*)");
   const AttentionVariants variants =
@@ -264,7 +298,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, 
   check_kernel_fits(kBwd, config, kernel.dtype, kernel.headdim, kernel.smem_bytes, 90, dt, dims.headdim, dev,
                     q.device());
   return run_backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dims, dev,
-                      kernel.block_m, kernel.headdim, kernel.launch, kernel.name, variants);
+                      kernel.block_m, kernel.headdim, kernel.launch, kernel.name, variants,
+                      is_packed ? &packed : nullptr);
 }
 
 std::vector<std::string> built_backward_configs() {
@@ -307,12 +342,15 @@ PYBIND11_MODULE(_C_sm90, m) {
   m.def("backward", &glue::backward, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
         py::arg("softmax_lse"), py::arg("softmax_scale"), py::arg("causal"), py::arg("deterministic"),
         py::arg("config"), py::arg("window_left") = -1, py::arg("window_right") = -1, py::arg("softcap") = 0.0,
-        py::arg("alibi_slopes") = py::none(),
+        py::arg("alibi_slopes") = py::none(), py::arg("cu_seqlens_q") = py::none(),
+        py::arg("cu_seqlens_k") = py::none(), py::arg("max_seqlen_q") = py::none(),
+        py::arg("max_seqlen_k") = py::none(), py::arg("seqused_q") = py::none(), py::arg("seqused_k") = py::none(),
         "FlashAttention backward on sm_90a (wgmma + TMA main kernel). Arguments and result as "
         "flashop._C.backward; config: a name from built_backward_configs(); not deterministic. "
         "window_left / window_right (-1: unbounded; causal is (-1, 0)), softcap (0: off) and alibi_slopes "
         "(float32 (heads_q,) or (batch, heads_q)): csrc/attention_variants.h, as forward's (sinks need "
-        "nothing in the backward).");
+        "nothing in the backward). Packed batch: as forward's (a config whose supports_packed is False "
+        "refuses it); the values are the caller's to check.");
   m.def("built_backward_configs", &glue::built_backward_configs,
         "Names of the sm90 backward kernel configs compiled into this module, in registry order.");
   m.def("backward_config_smem", &glue::backward_config_smem, py::arg("name"),

@@ -41,7 +41,7 @@
 // at 192 also bwd_kernel_sm90_wide_keys (96 keys per CTA, the consumers split the keys).
 // Windows, softcap and ALiBi: the second instantiation Sm90BwdVariants<traits> of both kernels (query-tile
 // range from both window bounds, bwd_variant_probs for P and softcap's dS factor); see "attention
-// variants" below.
+// variants" below. Packed batches: a third, Sm90BwdPacked<traits> (see "packed batches" below).
 #pragma once
 
 #include <cuda.h>
@@ -68,6 +68,8 @@ struct Sm90BwdTraits {
   // The attention variants are a second instantiation, Sm90BwdVariants<traits> (below).
   static constexpr bool kVariants = false;
   static constexpr bool kSupportsVariants = true;
+  // Packed batches are a third instantiation, Sm90BwdPacked<traits> (below).
+  static constexpr bool kPacked = false;
   // The longest-first block order is the build Sm90BwdLpt<traits> (below).
   static constexpr bool kLongestFirst = false;
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128, "the sm90 backward takes D = 64, 96 or 128");
@@ -244,21 +246,36 @@ constexpr float kBwdLog2e = 1.4426950408889634f;
 // (-1, 0)), so keys k0 .. k1 are seen by the queries k0 - off - window_right .. k1 - off + window_left
 // (one run: each key's run is its predecessor's shifted by one), clipped to 0 .. Sq - 1. None: count 0
 // (the CTA writes dK = dV = 0). A query tile no CTA visits keeps the zeros the preprocess wrote into
-// its dQ accumulator rows, and the convert kernel writes dQ = 0 there.
+// its dQ accumulator rows, and the convert kernel writes dQ = 0 there. sq, sk: Sq and Sk of the variants
+// build (a packed batch's sequence: its used queries and keys; keys past sk have no query tile).
 template <class T>
-__device__ __forceinline__ void bwd_query_tiles(const BwdParams& p, int key0, int& m_first, int& count) {
+__device__ __forceinline__ void bwd_query_tiles(const BwdParams& p, int key0, int sq, int sk, int& m_first,
+                                                int& count) {
   constexpr int kBM = T::kBlockM;
   if constexpr (!T::kVariants) {
     const int m_tiles = (p.seqlen_q + kBM - 1) / kBM;
     m_first = bwd_first_query_tile(p, key0, kBM);
     count = m_first < m_tiles ? m_tiles - m_first : 0;
-  } else {
+  } else if constexpr (!T::kPacked) {
     const int wl = p.variants.window_left, wr = p.variants.window_right;
     const int64_t off = int64_t(p.seqlen_k) - p.seqlen_q;
     const int64_t k1 = min(key0 + T::kBlockN, p.seqlen_k) - 1;  // key0 < Sk: the grid's tiles
     const int64_t q_begin = wr >= 0 ? max(int64_t(key0) - off - wr, int64_t(0)) : int64_t(0);
     const int64_t q_end = wl >= 0 ? min(k1 - off + wl + 1, int64_t(p.seqlen_q)) : int64_t(p.seqlen_q);
     if (q_end <= q_begin) {
+      m_first = 0;
+      count = 0;
+    } else {
+      m_first = static_cast<int>(q_begin / kBM);
+      count = static_cast<int>((q_end + kBM - 1) / kBM) - m_first;
+    }
+  } else {  // the same over the sequence's sq queries and sk keys; none for a key tile past them
+    const int wl = p.variants.window_left, wr = p.variants.window_right;
+    const int64_t off = int64_t(sk) - sq;
+    const int64_t k1 = min(key0 + T::kBlockN, sk) - 1;
+    const int64_t q_begin = wr >= 0 ? max(int64_t(key0) - off - wr, int64_t(0)) : int64_t(0);
+    const int64_t q_end = wl >= 0 ? min(k1 - off + wl + 1, int64_t(sq)) : int64_t(sq);
+    if (q_end <= q_begin || key0 >= sk) {
       m_first = 0;
       count = 0;
     } else {
@@ -282,18 +299,21 @@ __device__ __forceinline__ void bwd_query_tiles(const BwdParams& p, int key0, in
 // the fragments are packed from P, st holds P (1 - tanh^2), and the dense dS^T = st (dP^T - D) line
 // gives the capped dS with no register of its own. ALiBi's bias is constant in q, k: no gradient.
 // need_mask: this thread's tile crosses a window edge or Sk (decided by the caller, uniform per warp).
-template <bool kBf16, bool kSoftcap, int kBlocks>
+// kPacked: Sq and Sk are sq and sk, a packed batch's sequence's used queries and keys (keys and queries
+// are the sequence's own indices); else the params' (read where used, as ptxas schedules best).
+template <bool kBf16, bool kSoftcap, int kBlocks, bool kPacked>
 __device__ __forceinline__ void bwd_variant_probs(float (&st)[4 * kBlocks], uint32_t (&pf)[kBlocks / 2][4],
                                                   const BwdParams& p, uint32_t sLse, int t, int key_lo,
-                                                  int q_lo, float slope_l2, bool need_mask) {
+                                                  int q_lo, float slope_l2, bool need_mask, int sq, int sk) {
   const float cap_in = kSoftcap ? p.scale / p.variants.softcap : 0.f;
   const float cap_l2 = p.variants.softcap * kBwdLog2e;
   // |query + off - key| of element (i, e) = |dist0 + 8i + (e & 1) - 8 (e >> 1)|: exact in float below 2^24.
-  const float dist0 = static_cast<float>(int64_t(q_lo) + p.seqlen_k - p.seqlen_q - key_lo);
+  const float dist0 = static_cast<float>(int64_t(q_lo) + (kPacked ? sk : p.seqlen_k) - (kPacked ? sq : p.seqlen_q) -
+                                         key_lo);
   // Visible iff lo <= key - query <= hi and key < Sk (key - query of element (i, e) = rel0 - 8i - (e & 1)
   // + 8 (e >> 1)); off + window_right and off - window_left clipped to the range of int.
   const int wl = p.variants.window_left, wr = p.variants.window_right;
-  const int64_t off = int64_t(p.seqlen_k) - p.seqlen_q;
+  const int64_t off = int64_t(kPacked ? sk : p.seqlen_k) - (kPacked ? sq : p.seqlen_q);
   const int hi = wr >= 0 ? static_cast<int>(min(off + wr, int64_t(INT32_MAX))) : INT32_MAX;
   const int lo = wl >= 0 ? static_cast<int>(max(off - wl, int64_t(INT32_MIN))) : INT32_MIN;
   const int rel0 = key_lo - q_lo;
@@ -319,7 +339,7 @@ __device__ __forceinline__ void bwd_variant_probs(float (&st)[4 * kBlocks], uint
       if (need_mask) {
         const int key = key_lo + ((e & 2) ? 8 : 0);
         const int rel = rel0 - 8 * i - (e & 1) + ((e & 2) ? 8 : 0);
-        if (key >= p.seqlen_k || rel > hi || rel < lo) pv = 0.f;
+        if (key >= (kPacked ? sk : p.seqlen_k) || rel > hi || rel < lo) pv = 0.f;
       }
       pr[e] = pv;
     }
@@ -332,11 +352,13 @@ __device__ __forceinline__ void bwd_variant_probs(float (&st)[4 * kBlocks], uint
 
 // Whether the variants build masks a step: keys k0 .. k0 + 63 (a consumer's) against queries
 // q0 .. q0 + nq - 1 cross Sk or a window edge (some pair outside the window). Queries past Sq count as
-// rows (conservative: their P is 0 anyway, lse_log2 = +inf on the padding).
-__device__ __forceinline__ bool bwd_variant_need_mask(const BwdParams& p, int k0, int q0, int nq) {
+// rows (conservative: their P is 0 anyway, lse_log2 = +inf on the padding). kPacked, sq, sk as
+// bwd_variant_probs'.
+template <bool kPacked>
+__device__ __forceinline__ bool bwd_variant_need_mask(const BwdParams& p, int k0, int q0, int nq, int sq, int sk) {
   const int wl = p.variants.window_left, wr = p.variants.window_right;
-  const int64_t off = int64_t(p.seqlen_k) - p.seqlen_q;
-  return k0 + 64 > p.seqlen_k || (wr >= 0 && int64_t(k0) + 63 > int64_t(q0) + off + wr) ||
+  const int64_t off = int64_t(kPacked ? sk : p.seqlen_k) - (kPacked ? sq : p.seqlen_q);
+  return k0 + 64 > (kPacked ? sk : p.seqlen_k) || (wr >= 0 && int64_t(k0) + 63 > int64_t(q0) + off + wr) ||
          (wl >= 0 && int64_t(k0) < int64_t(q0) + nq - 1 + off - wl);
 }
 
@@ -344,6 +366,64 @@ __device__ __forceinline__ bool bwd_variant_need_mask(const BwdParams& p, int k0
 __device__ __forceinline__ float bwd_alibi_slope_l2(const BwdParams& p, int b, int hq) {
   const float* slopes = p.variants.alibi_slopes;
   return slopes != nullptr ? __ldg(slopes + b * p.variants.alibi_batch_stride + hq) * kBwdLog2e : 0.f;
+}
+
+// ------------------------------------------------------------------ packed batches
+// Packed batches (p.packed, csrc/packed_sequences.h) run on a third instantiation, Sm90BwdPacked<traits>:
+// the variants build (causal is its (-1, 0) window) with b the sequence. The TMA maps cover all packed
+// rows as one batch (bwd_launch.cuh) and every load starts at the sequence's first row; queries and keys
+// are the sequence's own indices, so masks, windows and ALiBi distances are those of a batch-1 problem of
+// its used_q queries and used_k keys. A box may reach past them (rows past seqused, or the next sequence's
+// rows): the consumers zero those rows of the K, V tiles once and of a Q, dO stage when its query tile
+// crosses used_q (bwd_zero_rows), so that they contribute exactly nothing whatever they hold, and keys
+// past used_k are masked as keys past Sk. The stores are register stores inside the sequence: dQ
+// accumulator adds for its used rows (workspace rows of bwd_packed_ws_row0), dK and dV for the rows it owns
+// (zeros past used_k). A CTA whose key tile starts past the rows its sequence owns returns at once.
+template <class T>
+struct Sm90BwdPacked : Sm90BwdVariants<T> {
+  static constexpr bool kPacked = true;
+};
+
+// The CTA's sequence (T::kPacked): query rows from q_start of q and dO, keys from k_start of k, v, dk and
+// dv; the walk runs over its used_q queries and used_k keys, and dK, dV rows are written up to len_k.
+struct BwdSequence {
+  int q_start, k_start, used_q, used_k, len_k;
+};
+
+__device__ __forceinline__ BwdSequence bwd_sequence(const BwdParams& p, int b) {
+  const SequenceBounds sq =
+      sequence_bounds(p.packed.cu_seqlens_q, p.packed.seqused_q, b, p.packed.total_q, p.seqlen_q);
+  const SequenceBounds sk =
+      sequence_bounds(p.packed.cu_seqlens_k, p.packed.seqused_k, b, p.packed.total_k, p.seqlen_k);
+  return BwdSequence{sq.start, sk.start, sq.used, sk.used, sk.len};
+}
+
+// Workspace row (dq_accum, dsum, lse_log2) of the first query of sequence b (packed; q_start its first row)
+// or batch entry b (dense) in query head hq's rows.
+template <class T>
+__device__ __forceinline__ int64_t bwd_ws_row(const BwdParams& p, int b, int hq, int q_start) {
+  if constexpr (T::kPacked)
+    return int64_t(hq) * bwd_packed_ws_rows(p.packed.total_q, p.batch) + bwd_packed_ws_row0(q_start, b);
+  else
+    return (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded;
+}
+
+// Zeroes rows r0 .. kRows - 1 of a tile of kBlocks column blocks (kBlockBytes apart, kRowBytes per row):
+// those rows are one byte range of each block whatever the swizzle (it permutes 16-byte chunks within a
+// row). i: the thread's index among the 256 consumer threads. The caller fences (fence_proxy_async_smem)
+// and syncs both consumers before a wgmma reads the tile.
+template <int kBlocks, uint32_t kBlockBytes, int kRowBytes, int kRows>
+__device__ __forceinline__ void bwd_zero_rows(uint32_t tile, int r0, int i) {
+  const uint32_t end = kRows * kRowBytes;
+#pragma unroll 1
+  for (int h = 0; h < kBlocks; ++h)
+#pragma unroll 1
+    for (uint32_t off = uint32_t(r0) * kRowBytes + 16u * i; off < end; off += 16u * 256u) {
+#ifdef FLASHOP_SM90_ENABLED
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(tile + h * kBlockBytes + off), "r"(0u)
+                   : "memory");
+#endif
+    }
 }
 
 template <class T>
@@ -365,8 +445,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const BwdBlock block = bwd_block<T>(p);
   const int n_block = block.n_block, hk = block.hk, b = block.b;
   const int key0 = n_block * kBN;
+  // Packed: the sequence; a key tile past the rows it owns is the next sequence's (nothing to do).
+  [[maybe_unused]] BwdSequence seq{};
+  if constexpr (T::kPacked) {
+    seq = bwd_sequence(p, b);
+    if (key0 >= seq.len_k) return;
+  }
+  // Sq and Sk of the walk; the TMA maps' batch coordinate and the first query and key rows of b.
+  auto seqlen_q = [&]() -> int { if constexpr (T::kPacked) return seq.used_q; else return p.seqlen_q; };
+  auto seqlen_k = [&]() -> int { if constexpr (T::kPacked) return seq.used_k; else return p.seqlen_k; };
+  const int tma_b = T::kPacked ? 0 : b;
+  const int q_row0 = T::kPacked ? seq.q_start : 0, k_row0 = T::kPacked ? seq.k_start : 0;
   int m_first, per_head;  // query tiles m_first .. m_first + per_head - 1 of each query head
-  bwd_query_tiles<T>(p, key0, m_first, per_head);
+  bwd_query_tiles<T>(p, key0, seqlen_q(), seqlen_k(), m_first, per_head);
   const int total = per_head * p.head_ratio;  // steps: (query head of the group, query tile)
 
   const int tid = threadIdx.x;
@@ -391,8 +482,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if (tid == 0 && total > 0) {
       mbar_arrive_expect_tx(bar_kv, 2 * T::kKVTile);
       for (int h = 0; h < T::kKBlocks; ++h) {
-        tma_load_4d(&tm_k, sK + h * T::kKBlock, bar_kv, T::kKColBlock * h, key0, hk, b);
-        if (h < T::kDBlocks) tma_load_4d(&tm_v, sV + h * T::kKVBlock, bar_kv, T::kColBlock * h, key0, hk, b);
+        tma_load_4d(&tm_k, sK + h * T::kKBlock, bar_kv, T::kKColBlock * h, k_row0 + key0, hk, tma_b);
+        if (h < T::kDBlocks)
+          tma_load_4d(&tm_v, sV + h * T::kKVBlock, bar_kv, T::kColBlock * h, k_row0 + key0, hk, tma_b);
       }
       for (int it = 0; it < total; ++it) {
         const int s = it % T::kStages;
@@ -404,11 +496,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         mbar_arrive_expect_tx(full, T::kStepTxBytes);
         const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
         for (int h = 0; h < T::kDBlocks; ++h) {
-          tma_load_4d(&tm_q, sQ + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
-          tma_load_4d(&tm_do, sDO + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
+          tma_load_4d(&tm_q, sQ + h * T::kQBlock, full, T::kColBlock * h, q_row0 + m * kBM, hq, tma_b);
+          tma_load_4d(&tm_do, sDO + h * T::kQBlock, full, T::kColBlock * h, q_row0 + m * kBM, hq, tma_b);
         }
-        // The workspaces are padded to kBwdSeqQPad rows: the whole tile is in bounds.
-        const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + int64_t(m) * kBM;
+        // The workspaces are padded to kBwdSeqQPad rows (packed: each sequence's, bwd_params.h): the whole
+        // tile is in bounds.
+        const int64_t row = bwd_ws_row<T>(p, b, hq, seq.q_start) + int64_t(m) * kBM;
         bulk_load(base + T::kLseOff + s * kBM * 4, p.lse_log2 + row, kBM * 4, full);
         bulk_load(base + T::kDsumOff + s * kBM * 4, p.dsum + row, kBM * 4, full);
       }
@@ -430,6 +523,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   for (int i = 0; i < kD / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
 
   if (total > 0) mbar_wait(bar_kv, 0);
+  if constexpr (T::kPacked) {
+    // Keys past used_k in the tile (rows past seqused_k, or the next sequence's): zero rows of K and V.
+    if (total > 0 && key0 + kBN > seq.used_k) {
+      bwd_zero_rows<T::kKBlocks, T::kKBlock, T::kKRowBytes, kBN>(sK, seq.used_k - key0, tid - 128);
+      bwd_zero_rows<T::kDBlocks, T::kKVBlock, T::kRowBytes, kBN>(sV, seq.used_k - key0, tid - 128);
+      fence_proxy_async_smem();
+      named_bar_sync<1, 256>();  // both consumers read all keys (dQ)
+    }
+  }
   [[maybe_unused]] const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;  // dense build
 
   for (int it = 0; it < total; ++it) {
@@ -439,6 +541,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const int q0 = m * kBM;
     const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
     mbar_wait(bar_full(s), (it / T::kStages) & 1);
+    if constexpr (T::kPacked) {
+      // Query rows past used_q in the tile: zero rows of this stage's Q and dO.
+      if (q0 + kBM > seq.used_q) {
+        bwd_zero_rows<T::kDBlocks, T::kQBlock, T::kRowBytes, kBM>(sQ, seq.used_q - q0, tid - 128);
+        bwd_zero_rows<T::kDBlocks, T::kQBlock, T::kRowBytes, kBM>(sDO, seq.used_q - q0, tid - 128);
+        fence_proxy_async_smem();
+        named_bar_sync<1, 256>();
+      }
+    }
 
     // S^T = K_c Q^T and dP^T = V_c dO^T: D/16 k16 steps each, (column block)/16 per column block.
     // acc = A_c B^T with A = K or V (this consumer's 64 rows; a_is_k: K's column blocks, else V's), B = Q
@@ -490,12 +601,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else {
       // P^T into pa and, softcap, P^T (1 - tanh^2) into st (bwd_variant_probs); masked where this
       // consumer's 64 keys cross Sk or a window edge for some of the 64 queries.
-      const bool need_mask = bwd_variant_need_mask(p, key0 + 64 * c, q0, kBM);
+      const bool need_mask =
+          bwd_variant_need_mask<T::kPacked>(p, key0 + 64 * c, q0, kBM, seq.used_q, seq.used_k);
       const float slope_l2 = bwd_alibi_slope_l2(p, b, hq);
       if (p.variants.softcap > 0.f)
-        bwd_variant_probs<T::kBf16, true, kBM / 8>(st, pa, p, sLse, t, key_lo, q0 + 2 * t, slope_l2, need_mask);
+        bwd_variant_probs<T::kBf16, true, kBM / 8, T::kPacked>(st, pa, p, sLse, t, key_lo, q0 + 2 * t, slope_l2,
+                                                                 need_mask, seq.used_q, seq.used_k);
       else
-        bwd_variant_probs<T::kBf16, false, kBM / 8>(st, pa, p, sLse, t, key_lo, q0 + 2 * t, slope_l2, need_mask);
+        bwd_variant_probs<T::kBf16, false, kBM / 8, T::kPacked>(st, pa, p, sLse, t, key_lo, q0 + 2 * t, slope_l2,
+                                                                 need_mask, seq.used_q, seq.used_k);
     }
     // 16-bit A fragments of P^T for k16 step j (queries 16j..16j+15): r = 0: n8 block 2j rows g;
     // 1: block 2j rows g+8; 2, 3: block 2j+1. dV += P^T dO is issued before dP^T is waited for, so
@@ -591,16 +705,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // so each one's release covers its own shared-memory reads of lse and D.
     mbar_arrive(bar_empty(s));
 
+    // Packed: rows past used_q have dS = 0 exactly (Q, dO rows zeroed, lse_log2 = +inf, D = 0) and add
+    // zeros to workspace rows the sequence owns (the tile ends inside its round_up(len, kBwdSeqQPad)),
+    // which the convert kernel does not read; no predicate keeps used_q live through the step.
     // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped). Its rows are kD wide
     // (bwd_params.h): the columns past the head dimension are padding and receive adds of 0 (K's
     // columns there are 0). At D = 64 and 128 they are added unpredicated: a column test there spilled
     // 16 bytes at d128 (168 registers, ptxas -v, sm_90a).
-    float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD +
+    float* gacc = p.dq_accum + (bwd_ws_row<T>(p, b, hq, seq.q_start) + q0) * kD +
                   (T::kDQSplitKeys ? 0 : T::kDQCols * c);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = 16 * warp + g + 8 * h;
-      if (q0 + row < p.seqlen_q) {
+      if (T::kPacked || q0 + row < p.seqlen_q) {  // packed: rows past used_q add exact zeros (see below)
 #pragma unroll
         for (int i = 0; i < T::kDQCols / 8; ++i) {
           // D = 96: the n8 blocks at or past the head dimension hold zeros and are not added (one uniform
@@ -614,20 +731,28 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   // dK * scale and dV from registers (rows = keys key_lo, key_lo + 8; columns 8i + 2t, n8 blocks
   // at or past the head dimension skipped).
-  Elem* gdk = static_cast<Elem*>(p.dk) + int64_t(b) * p.dk_batch_stride + int64_t(hk) * p.dk_head_stride;
-  Elem* gdv = static_cast<Elem*>(p.dv) + int64_t(b) * p.dv_batch_stride + int64_t(hk) * p.dv_head_stride;
+  // Packed: the sequence's rows from k_start, those it owns (len_k) written, zeros past used_k. Its bounds
+  // are read again here rather than held through the loop, which has no register to spare.
+  if constexpr (T::kPacked) seq = bwd_sequence(p, b);
+  Elem* gdk = static_cast<Elem*>(p.dk) +
+              (T::kPacked ? int64_t(seq.k_start) * p.dk_row_stride : int64_t(b) * p.dk_batch_stride) +
+              int64_t(hk) * p.dk_head_stride;
+  Elem* gdv = static_cast<Elem*>(p.dv) +
+              (T::kPacked ? int64_t(seq.k_start) * p.dv_row_stride : int64_t(b) * p.dv_batch_stride) +
+              int64_t(hk) * p.dv_head_stride;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = key_lo + 8 * h;
-    if (key < p.seqlen_k) {
+    if (key < (T::kPacked ? seq.len_k : p.seqlen_k)) {
+      const bool live = !T::kPacked || key < seq.used_k;
 #pragma unroll
       for (int i = 0; i < kD / 8; ++i) {
         if (8 * i >= p.headdim) break;
         const int col = 8 * i + 2 * t;
         *reinterpret_cast<uint32_t*>(gdk + int64_t(key) * p.dk_row_stride + col) =
-            pack2<T::kBf16>(acc_dk[4 * i + 2 * h] * p.scale, acc_dk[4 * i + 2 * h + 1] * p.scale);
+            live ? pack2<T::kBf16>(acc_dk[4 * i + 2 * h] * p.scale, acc_dk[4 * i + 2 * h + 1] * p.scale) : 0u;
         *reinterpret_cast<uint32_t*>(gdv + int64_t(key) * p.dv_row_stride + col) =
-            pack2<T::kBf16>(acc_dv[4 * i + 2 * h], acc_dv[4 * i + 2 * h + 1]);
+            live ? pack2<T::kBf16>(acc_dv[4 * i + 2 * h], acc_dv[4 * i + 2 * h + 1]) : 0u;
       }
     }
   }
@@ -663,6 +788,7 @@ struct Sm90BwdWideTraits {
   static constexpr bool kKeySplit = kBlockN_ == 96;  // bwd_kernel_sm90_wide_keys
   static constexpr bool kVariants = false;  // see Sm90BwdTraits
   static constexpr bool kSupportsVariants = !kKeySplit;
+  static constexpr bool kPacked = false;  // see Sm90BwdTraits; built where the variants are
   static constexpr bool kLongestFirst = false;  // see Sm90BwdTraits
   static_assert(kHeadDim == 160 || kHeadDim == 192 || kHeadDim == 224 || kHeadDim == 256,
                 "the sm90 wide backward takes D = 160, 192, 224 or 256");
@@ -727,8 +853,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const BwdBlock block = bwd_block<T>(p);
   const int n_block = block.n_block, hk = block.hk, b = block.b;
   const int key0 = n_block * kBN;
+  // Packed: the sequence; a key tile past the rows it owns is the next sequence's (nothing to do).
+  [[maybe_unused]] BwdSequence seq{};
+  if constexpr (T::kPacked) {
+    seq = bwd_sequence(p, b);
+    if (key0 >= seq.len_k) return;
+  }
+  // Sq and Sk of the walk; the TMA maps' batch coordinate and the first query and key rows of b.
+  auto seqlen_q = [&]() -> int { if constexpr (T::kPacked) return seq.used_q; else return p.seqlen_q; };
+  auto seqlen_k = [&]() -> int { if constexpr (T::kPacked) return seq.used_k; else return p.seqlen_k; };
+  const int tma_b = T::kPacked ? 0 : b;
+  const int q_row0 = T::kPacked ? seq.q_start : 0, k_row0 = T::kPacked ? seq.k_start : 0;
   int m_first, per_head;  // query tiles m_first .. m_first + per_head - 1 of each query head
-  bwd_query_tiles<T>(p, key0, m_first, per_head);
+  bwd_query_tiles<T>(p, key0, seqlen_q(), seqlen_k(), m_first, per_head);
   const int total = per_head * p.head_ratio;  // steps: (query head of the group, query tile)
 
   const int tid = threadIdx.x;
@@ -753,8 +890,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if (tid == 0 && total > 0) {
       mbar_arrive_expect_tx(bar_kv, 2 * T::kKVTile);
       for (int h = 0; h < T::kDBlocks; ++h) {
-        tma_load_4d(&tm_k, sK + h * T::kKVBlock, bar_kv, T::kColBlock * h, key0, hk, b);
-        tma_load_4d(&tm_v, sV + h * T::kKVBlock, bar_kv, T::kColBlock * h, key0, hk, b);
+        tma_load_4d(&tm_k, sK + h * T::kKVBlock, bar_kv, T::kColBlock * h, k_row0 + key0, hk, tma_b);
+        tma_load_4d(&tm_v, sV + h * T::kKVBlock, bar_kv, T::kColBlock * h, k_row0 + key0, hk, tma_b);
       }
       for (int it = 0; it < total; ++it) {
         const int s = it % T::kStages;
@@ -766,11 +903,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         mbar_arrive_expect_tx(full, T::kStepTxBytes);
         const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
         for (int h = 0; h < T::kDBlocks; ++h) {
-          tma_load_4d(&tm_q, sQ + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
-          tma_load_4d(&tm_do, sDO + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
+          tma_load_4d(&tm_q, sQ + h * T::kQBlock, full, T::kColBlock * h, q_row0 + m * kBM, hq, tma_b);
+          tma_load_4d(&tm_do, sDO + h * T::kQBlock, full, T::kColBlock * h, q_row0 + m * kBM, hq, tma_b);
         }
-        // The workspaces are padded to kBwdSeqQPad rows: the whole tile is in bounds.
-        const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + int64_t(m) * kBM;
+        // The workspaces are padded to kBwdSeqQPad rows (packed: each sequence's, bwd_params.h): the whole
+        // tile is in bounds.
+        const int64_t row = bwd_ws_row<T>(p, b, hq, seq.q_start) + int64_t(m) * kBM;
         bulk_load(base + T::kLseOff + s * kBM * 4, p.lse_log2 + row, kBM * 4, full);
         bulk_load(base + T::kDsumOff + s * kBM * 4, p.dsum + row, kBM * 4, full);
       }
@@ -793,6 +931,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   for (int i = 0; i < kH / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
 
   if (total > 0) mbar_wait(bar_kv, 0);
+  if constexpr (T::kPacked) {
+    // Keys past used_k in the tile (rows past seqused_k, or the next sequence's): zero rows of K and V.
+    if (total > 0 && key0 + kBN > seq.used_k) {
+      bwd_zero_rows<T::kDBlocks, T::kKVBlock, T::kRowBytes, kBN>(sK, seq.used_k - key0, tid - 128);
+      bwd_zero_rows<T::kDBlocks, T::kKVBlock, T::kRowBytes, kBN>(sV, seq.used_k - key0, tid - 128);
+      fence_proxy_async_smem();
+      named_bar_sync<1, 256>();  // both consumers read all keys (dQ)
+    }
+  }
   [[maybe_unused]] const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;  // dense build
 
   for (int it = 0; it < total; ++it) {
@@ -803,6 +950,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
     const uint32_t sP = base + T::kPOff + (it & 1) * T::kPBlock, sDS = base + T::kDSOff + (it & 1) * T::kPBlock;
     mbar_wait(bar_full(s), (it / T::kStages) & 1);
+    if constexpr (T::kPacked) {
+      // Query rows past used_q in the tile: zero rows of this stage's Q and dO.
+      if (q0 + kBM > seq.used_q) {
+        bwd_zero_rows<T::kDBlocks, T::kQBlock, T::kRowBytes, kBM>(sQ, seq.used_q - q0, tid - 128);
+        bwd_zero_rows<T::kDBlocks, T::kQBlock, T::kRowBytes, kBM>(sDO, seq.used_q - q0, tid - 128);
+        fence_proxy_async_smem();
+        named_bar_sync<1, 256>();
+      }
+    }
 
     // S^T = K Q_c^T and dP^T = V dO_c^T over D (K-major both): A = all 64 rows of K or V, B = rows
     // qc .. qc+31 of Q or dO (four atoms into each column block).
@@ -873,12 +1029,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else {
       // P^T into fr and, softcap, P^T (1 - tanh^2) into st (bwd_variant_probs); masked where the 64 keys
       // cross Sk or a window edge for some of this consumer's 32 queries.
-      const bool need_mask = bwd_variant_need_mask(p, key0, q0 + qc, 32);
+      const bool need_mask = bwd_variant_need_mask<T::kPacked>(p, key0, q0 + qc, 32, seq.used_q, seq.used_k);
       const float slope_l2 = bwd_alibi_slope_l2(p, b, hq);
       if (p.variants.softcap > 0.f)
-        bwd_variant_probs<T::kBf16, true, 4>(st, fr, p, sLse, t, key_lo, q0 + qc + 2 * t, slope_l2, need_mask);
+        bwd_variant_probs<T::kBf16, true, 4, T::kPacked>(st, fr, p, sLse, t, key_lo, q0 + qc + 2 * t, slope_l2,
+                                                                 need_mask, seq.used_q, seq.used_k);
       else
-        bwd_variant_probs<T::kBf16, false, 4>(st, fr, p, sLse, t, key_lo, q0 + qc + 2 * t, slope_l2, need_mask);
+        bwd_variant_probs<T::kBf16, false, 4, T::kPacked>(st, fr, p, sLse, t, key_lo, q0 + qc + 2 * t, slope_l2,
+                                                                 need_mask, seq.used_q, seq.used_k);
     }
     store_t(sP, fr);
     fence_proxy_async_smem();
@@ -935,13 +1093,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma_wait<1>();  // dV and dQ done (dK may still run)
     fence_regs(dq);
 
-    // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped; the n8 blocks at or past
-    // the head dimension hold zeros and are not added: one uniform compare per block).
-    float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD + kH * c;
+    // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped; packed: added, as in
+    // bwd_kernel_sm90; the n8 blocks at or past the head dimension hold zeros and are not added: one
+    // uniform compare per block).
+    float* gacc = p.dq_accum + (bwd_ws_row<T>(p, b, hq, seq.q_start) + q0) * kD + kH * c;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = 16 * warp + g + 8 * h;
-      if (q0 + row < p.seqlen_q) {
+      if (T::kPacked || q0 + row < p.seqlen_q) {  // packed: rows past used_q add exact zeros (see below)
 #pragma unroll
         for (int i = 0; i < kH / 8; ++i) {
           if (kH * c + 8 * i >= p.headdim) break;
@@ -960,20 +1119,28 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   // dK * scale and dV from registers (rows = keys key_lo, key_lo + 8; columns kH c + 8i + 2t, n8 blocks
   // at or past the head dimension skipped).
-  Elem* gdk = static_cast<Elem*>(p.dk) + int64_t(b) * p.dk_batch_stride + int64_t(hk) * p.dk_head_stride + kH * c;
-  Elem* gdv = static_cast<Elem*>(p.dv) + int64_t(b) * p.dv_batch_stride + int64_t(hk) * p.dv_head_stride + kH * c;
+  // Packed: the sequence's rows from k_start, those it owns (len_k) written, zeros past used_k. Its bounds
+  // are read again here rather than held through the loop, which has no register to spare.
+  if constexpr (T::kPacked) seq = bwd_sequence(p, b);
+  Elem* gdk = static_cast<Elem*>(p.dk) +
+              (T::kPacked ? int64_t(seq.k_start) * p.dk_row_stride : int64_t(b) * p.dk_batch_stride) +
+              int64_t(hk) * p.dk_head_stride + kH * c;
+  Elem* gdv = static_cast<Elem*>(p.dv) +
+              (T::kPacked ? int64_t(seq.k_start) * p.dv_row_stride : int64_t(b) * p.dv_batch_stride) +
+              int64_t(hk) * p.dv_head_stride + kH * c;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = key_lo + 8 * h;
-    if (key < p.seqlen_k) {
+    if (key < (T::kPacked ? seq.len_k : p.seqlen_k)) {
+      const bool live = !T::kPacked || key < seq.used_k;
 #pragma unroll
       for (int i = 0; i < kH / 8; ++i) {
         if (kH * c + 8 * i >= p.headdim) break;
         const int col = 8 * i + 2 * t;
         *reinterpret_cast<uint32_t*>(gdk + int64_t(key) * p.dk_row_stride + col) =
-            pack2<T::kBf16>(acc_dk[4 * i + 2 * h] * p.scale, acc_dk[4 * i + 2 * h + 1] * p.scale);
+            live ? pack2<T::kBf16>(acc_dk[4 * i + 2 * h] * p.scale, acc_dk[4 * i + 2 * h + 1] * p.scale) : 0u;
         *reinterpret_cast<uint32_t*>(gdv + int64_t(key) * p.dv_row_stride + col) =
-            pack2<T::kBf16>(acc_dv[4 * i + 2 * h], acc_dv[4 * i + 2 * h + 1]);
+            live ? pack2<T::kBf16>(acc_dv[4 * i + 2 * h], acc_dv[4 * i + 2 * h + 1]) : 0u;
       }
     }
   }
@@ -995,7 +1162,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 // Shared memory: K, V 96 x 192 each (72 KiB); Q, dO 2 stages x 24 KiB each; P, dS 2 buffers x 12 KiB each;
 // lse/D 1 KiB: 217 KiB + barriers + 1 KiB alignment slack. dK and dV leave through a free Q or dO stage
 // (transposed by stmatrix.trans), in 16-byte stores.
-// The attention variants are not built for it (kSupportsVariants false); .lpt takes it as any wide build.
+// The attention variants are not built for it (kSupportsVariants false), nor packed batches (their build is the
+// variants one); .lpt takes it as any wide build.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
     bwd_kernel_sm90_wide_keys(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -1020,7 +1188,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int n_block = block.n_block, hk = block.hk, b = block.b;
   const int key0 = n_block * kBN;
   int m_first, per_head;  // query tiles m_first .. m_first + per_head - 1 of each query head
-  bwd_query_tiles<T>(p, key0, m_first, per_head);
+  bwd_query_tiles<T>(p, key0, p.seqlen_q, p.seqlen_k, m_first, per_head);
   const int total = per_head * p.head_ratio;  // steps: (query head of the group, query tile)
 
   const int tid = threadIdx.x;

@@ -18,8 +18,9 @@
 namespace flashop {
 namespace sm90 {
 
-// The main kernel of the dense traits T or of their variants build Sm90BwdVariants<T> (the same maps,
-// grid and shared memory).
+// The main kernel of the dense traits T or of their variants or packed builds Sm90BwdVariants<T>,
+// Sm90BwdPacked<T> (the same maps, grid and shared memory; packed: the grid spans max_seqlen_k keys of every
+// sequence).
 template <class K>
 cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
                             const CUtensorMap& tdo, cudaStream_t stream) {
@@ -35,26 +36,33 @@ cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUt
   return cudaGetLastError();
 }
 
-// p.variants (windows, softcap, ALiBi) run the variants build when bwd_variants_requested; a config built
-// without it (T::kSupportsVariants false) returns cudaErrorNotSupported for them.
+// p.variants (windows, softcap, ALiBi) run the variants build when bwd_variants_requested, a packed batch
+// (p.packed) the packed build with any variants; a config built without them (T::kSupportsVariants false)
+// returns cudaErrorNotSupported for either. Packed: the TMA maps are one batch of all packed rows
+// (total_q / total_k, at least 1: the glue returns earlier for an empty side); the kernel starts each load
+// at its sequence's first row.
 template <class T>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   // The aux kernels read only the head dimension and dtype of their config.
   using Aux = BwdConfig<T::kBf16 ? DType::kBf16 : DType::kFp16, T::kHeadDim, T::kWide ? 64 : T::kBlockN, T::kBlockM, 8>;
   if (p.deterministic || !sm80::bwd::bwd_params_ok<Aux>(p)) return cudaErrorInvalidValue;  // incl. headdim
   const bool variants = bwd_variants_requested(p.variants);
-  if (variants && !T::kSupportsVariants) return cudaErrorNotSupported;
+  const bool packed = p.packed.packed();
+  if ((variants || packed) && !T::kSupportsVariants) return cudaErrorNotSupported;
+  if (packed && (p.packed.total_q < 1 || p.packed.total_k < 1)) return cudaErrorInvalidValue;
+  const int64_t maps_batch = packed ? 1 : p.batch;
+  const int64_t rows_q = packed ? p.packed.total_q : p.seqlen_q, rows_k = packed ? p.packed.total_k : p.seqlen_k;
   CUtensorMap tq, tk, tv, tdo;
-  cudaError_t err = encode_bshd(&tq, T::kBf16, p.q, p.batch, p.seqlen_q, p.heads_q, p.headdim, p.q_batch_stride,
+  cudaError_t err = encode_bshd(&tq, T::kBf16, p.q, maps_batch, rows_q, p.heads_q, p.headdim, p.q_batch_stride,
                                 p.q_row_stride, p.q_head_stride, T::kBlockM, T::kColBlock);
   if (err == cudaSuccess)
-    err = encode_bshd(&tdo, T::kBf16, p.dout, p.batch, p.seqlen_q, p.heads_q, p.headdim, p.do_batch_stride,
+    err = encode_bshd(&tdo, T::kBf16, p.dout, maps_batch, rows_q, p.heads_q, p.headdim, p.do_batch_stride,
                       p.do_row_stride, p.do_head_stride, T::kBlockM, T::kColBlock);
   if (err == cudaSuccess)
-    err = encode_bshd(&tk, T::kBf16, p.k, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.k_batch_stride,
+    err = encode_bshd(&tk, T::kBf16, p.k, maps_batch, rows_k, p.heads_k, p.headdim, p.k_batch_stride,
                       p.k_row_stride, p.k_head_stride, T::kBlockN, T::kKColBlock);
   if (err == cudaSuccess)
-    err = encode_bshd(&tv, T::kBf16, p.v, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.v_batch_stride,
+    err = encode_bshd(&tv, T::kBf16, p.v, maps_batch, rows_k, p.heads_k, p.headdim, p.v_batch_stride,
                       p.v_row_stride, p.v_head_stride, T::kBlockN, T::kColBlock);
   if (err != cudaSuccess) return err;
 
@@ -64,9 +72,10 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   err = cudaErrorNotSupported;
   if constexpr (T::kSupportsVariants) {
-    if (variants) err = launch_bwd_main<Sm90BwdVariants<T>>(p, tq, tk, tv, tdo, stream);
+    if (packed) err = launch_bwd_main<Sm90BwdPacked<T>>(p, tq, tk, tv, tdo, stream);
+    else if (variants) err = launch_bwd_main<Sm90BwdVariants<T>>(p, tq, tk, tv, tdo, stream);
   }
-  if (!variants) err = launch_bwd_main<T>(p, tq, tk, tv, tdo, stream);
+  if (!variants && !packed) err = launch_bwd_main<T>(p, tq, tk, tv, tdo, stream);
   if (err != cudaSuccess) return err;
   sm80::bwd::bwd_convert_dq_kernel<Aux><<<dim3(g.conv[0], g.conv[1], g.conv[2]), sm80::bwd::kAuxThreads, 0, stream>>>(p);
   return cudaGetLastError();

@@ -90,6 +90,10 @@ struct Sm90BwdKernel {
   int block_m;
   int block_n;
   std::size_t smem_bytes;
+  // Runs packed batches (p.packed; its Sm90BwdPacked build, made where the variants build is:
+  // T::kSupportsVariants, mirrored by configs.py HopperBackwardConfig.supports_packed); launch returns
+  // cudaErrorNotSupported for one otherwise.
+  bool supports_packed;
 };
 
 const Sm90BwdKernel* sm90_bwd_kernels();
@@ -103,7 +107,7 @@ template <class T>
 constexpr Sm90BwdKernel bwd_entry(const char* name) {
   return Sm90BwdKernel{name,          &launch_bwd<T>, T::kBf16 ? DType::kBf16 : DType::kFp16,
                        T::kHeadDim,   T::kBlockM,     T::kBlockN,
-                       T::kSmemBytes};
+                       T::kSmemBytes, T::kSupportsVariants};
 }
 
 }  // namespace sm90
