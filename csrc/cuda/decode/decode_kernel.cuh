@@ -71,38 +71,41 @@ FLASHOP_SM80_DEV __half narrow<__half>(float x) { return __float2half_rn(x); }
 template <>
 FLASHOP_SM80_DEV __nv_bfloat16 narrow<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-// Element offset of position `pos` of sequence b in a cache (head and columns are the caller's).
-FLASHOP_SM80_DEV int64_t cache_offset(const DecodeParams& p, int b, int cache_row, int pos, int64_t batch_stride,
-                                      int64_t row_stride) {
+// Where position `pos` of sequence b lives: (page or cache row, row inside it); K and V share it.
+struct CacheRow {
+  int64_t block, row;
+};
+FLASHOP_SM80_DEV CacheRow cache_row_of(const DecodeParams& p, int b, int cache_row, int pos) {
   if (p.block_table != nullptr) {
     const int page = clamp_index(p.block_table[b * p.block_table_stride + pos / p.page_size], 0, p.num_blocks - 1);
-    return int64_t(page) * batch_stride + int64_t(pos % p.page_size) * row_stride;
+    return {page, pos % p.page_size};
   }
-  return int64_t(cache_row) * batch_stride + int64_t(pos) * row_stride;
+  return {cache_row, pos};
 }
 
 // Issues the copies of keys [key0, key0 + kBlockKeys) of K and V into one stage. Keys at or past key_end
 // and columns at or past headdim are zero-filled (zeros add nothing to a score, and a zero V row times a
-// zero probability stays zero); their source is clamped to the first key and column, which exist.
+// zero probability stays zero); their source is clamped to the first key and column, which exist. Thread t
+// copies chunk t % (kWidth / 8) of every (kThreads / (kWidth / 8))-th row from row t / (kWidth / 8):
+// consecutive lanes read consecutive 16-byte pieces of a row.
 template <typename T, int kWidth>
 FLASHOP_SM80_DEV void load_block(const DecodeParams& p, uint32_t stage, const T* k_head, const T* v_head, int b,
                                  int cache_row, int key0, int key_first, int key_end, int tid) {
   using Tile = typename DecodeSmem<kWidth>::Tile;
   constexpr int kChunksPerRow = kWidth / 8;
-  constexpr int kCopies = kBlockKeys * kChunksPerRow / kThreads;  // per thread, of each of K and V
-  static_assert(kBlockKeys * kChunksPerRow % kThreads == 0, "the threads must share the copies evenly");
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kThreads % kChunksPerRow == 0 && kBlockKeys % kRowsPerPass == 0, "the threads must share the copies evenly");
+  const int chunk = tid % kChunksPerRow, row0 = tid / kChunksPerRow;
+  const bool col_valid = chunk * 8 < p.headdim;
 #pragma unroll
-  for (int i = 0; i < kCopies; ++i) {
-    const int idx = tid + i * kThreads;
-    const int row = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
-    const bool valid = key0 + row < key_end && chunk * 8 < p.headdim;
-    const int pos = valid ? key0 + row : key_first;
+  for (int pass = 0; pass < kBlockKeys / kRowsPerPass; ++pass) {
+    const int row = row0 + pass * kRowsPerPass;
+    const bool valid = key0 + row < key_end && col_valid;
+    const CacheRow at = cache_row_of(p, b, cache_row, valid ? key0 + row : key_first);
     const int col = valid ? chunk * 8 : 0;
-    const int64_t k_off = cache_offset(p, b, cache_row, pos, p.k_batch_stride, p.k_row_stride) + col;
-    const int64_t v_off = cache_offset(p, b, cache_row, pos, p.v_batch_stride, p.v_row_stride) + col;
     const uint32_t dst = stage + Tile::offset(row, chunk);
-    sm80::cp_async_16(dst, k_head + k_off, valid);
-    sm80::cp_async_16(dst + Tile::kBytes, v_head + v_off, valid);
+    sm80::cp_async_16(dst, k_head + at.block * p.k_batch_stride + at.row * p.k_row_stride + col, valid);
+    sm80::cp_async_16(dst + Tile::kBytes, v_head + at.block * p.v_batch_stride + at.row * p.v_row_stride + col, valid);
   }
 }
 
