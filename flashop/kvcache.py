@@ -26,11 +26,22 @@ forward_op = torch.ops.flashop.forward.default
 # Reading index values on the host stops the CPU until the GPU catches up, every decoding step of every layer,
 # so on CUDA they are the caller's contract (as in FlashAttention): every index is clamped into the cache, and
 # a bad one reaches a wrong row, never memory outside it. FLASHOP_CHECK_INDICES=1 checks them (debugging).
+# The one exception is FlashAttention-2's own: a paged call reads its longest sequence.
 CHECK_CUDA_INDICES = os.environ.get("FLASHOP_CHECK_INDICES", "0") == "1"
 
 
 def _host(t):
     return None if t is None else t.cpu()
+
+
+def _check_lengths(lens, seqlen_new, capacity, paged):
+    """lens (host): cache_seqlens + seqlen_new of every sequence inside its cache (for a paged cache: inside the
+    positions its block_table row holds)."""
+    holds = ("the positions of a sequence's block_table pages, max_blocks * page_size" if paged
+             else "the cache's positions per sequence")
+    _check(bool(((lens >= 0) & (lens + seqlen_new <= capacity)).all()),
+           lambda: (f"flashop: cache_seqlens + seqlen_new must lie in [0, {capacity}] ({holds}), got cache_seqlens "
+                    f"{lens.tolist()} with seqlen_new {seqlen_new}"))
 
 
 def check_kvcache_values(k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
@@ -39,11 +50,7 @@ def check_kvcache_values(k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx,
     seqlen_new = 0 if k is None else k.size(1)
     lens, leftpad = _host(cache_seqlens), _host(cache_leftpad)
     if lens is not None:
-        holds = (f"the positions of a sequence's block_table pages, max_blocks * page_size" if block_table is not None
-                 else "the cache's positions per sequence")
-        _check(bool(((lens >= 0) & (lens + seqlen_new <= capacity)).all()),
-               lambda: (f"flashop: cache_seqlens + seqlen_new must lie in [0, {capacity}] ({holds}), got cache_seqlens "
-               f"{lens.tolist()} with seqlen_new {seqlen_new}"))
+        _check_lengths(lens, seqlen_new, capacity, block_table is not None)
     if leftpad is not None:
         end = lens + seqlen_new if lens is not None else torch.full_like(leftpad, capacity)
         _check(bool(((leftpad >= 0) & (leftpad <= end)).all()),
@@ -132,6 +139,10 @@ def forward_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary
     elif not q.is_cuda or CHECK_CUDA_INDICES:
         check_kvcache_values(k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                              capacity, seqlen_q, rotates_every_query)
+    elif block_table is not None and cache_seqlens is not None:
+        # FlashAttention-2 reads the longest sequence of a paged call to refuse one past its block table
+        # (flash_api.cpp, mha_fwd_kvcache); so does flashop, with the same one read (the rest stays clamped).
+        _check_lengths(cache_seqlens.max().view(1).cpu(), 0 if k is None else k.size(1), capacity, True)
     if block_table is not None:
         block_table = paged.clamped_table(block_table, k_cache.size(0))
 

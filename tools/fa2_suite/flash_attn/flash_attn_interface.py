@@ -17,3 +17,8 @@ class _RawExtension:
 
 
 flash_attn_gpu = _RawExtension()
+
+
+def _flash_attn_varlen_forward(*args, **kwargs):
+    # FlashAttention's private wrapper of its C++ extension (with its num_splits knob): not flashop's API.
+    pytest.skip("flashop lacks: FlashAttention's private _flash_attn_varlen_forward (a wrapper of its C++ extension)")
