@@ -194,8 +194,8 @@ void backward_impl(const BackwardParams& p) {
             const int64_t M = std::min(BQ, Sq - q0);
             const float* qi = q_rows[g] + q0 * ld_q[g];
             const float* doi = do_rows[g] + q0 * ld_do[g];
-            at::native::cpublas::brgemm(M, L, D, ld_q[g], BK, BK, false, qi, kt.data(), s.data());
-            at::native::cpublas::brgemm(M, L, D, ld_do[g], BK, BK, false, doi, vt.data(), dp.data());
+            gemm_f32(M, L, D, ld_q[g], BK, BK, false, qi, kt.data(), s.data());
+            gemm_f32(M, L, D, ld_do[g], BK, BK, false, doi, vt.data(), dp.data());
             const bool full = window.covers(q0, M, j0, L);
             for (int64_t r = 0; r < M; ++r) {
               const int64_t i = q0 + r;
@@ -219,9 +219,9 @@ void backward_impl(const BackwardParams& p) {
             // P^T and dS^T (L x M) are the A operands of dV and dK.
             transpose(s.data(), BK, M, L, pt.data(), BQ);
             transpose(dp.data(), BK, M, L, dst.data(), BQ);
-            at::native::cpublas::brgemm(L, D, M, BQ, ld_do[g], D, true, pt.data(), doi, dv_acc.data());
-            at::native::cpublas::brgemm(L, D, M, BQ, ld_q[g], D, true, dst.data(), qi, dk_acc.data());
-            at::native::cpublas::brgemm(M, D, L, BK, ld_k, D, true, dp.data(), kj, dq_part + (g * Sq + q0) * D);
+            gemm_f32(L, D, M, BQ, ld_do[g], D, true, pt.data(), doi, dv_acc.data());
+            gemm_f32(L, D, M, BQ, ld_q[g], D, true, dst.data(), qi, dk_acc.data());
+            gemm_f32(M, D, L, BK, ld_k, D, true, dp.data(), kj, dq_part + (g * Sq + q0) * D);
           }
         }
         for (int64_t r = 0; r < L; ++r) {

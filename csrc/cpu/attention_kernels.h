@@ -5,7 +5,8 @@
 // in its own namespace (isa_namespace.h); csrc/cpu/isa.cpp picks one at run time.
 //
 // Matrix products go through at::native::cpublas::brgemm, the one cpublas GEMM
-// exported to extensions (cpublas::gemm is not). It computes the row-major
+// exported to extensions (cpublas::gemm is not), or for fp32 operands on AVX2 and
+// generic CPUs the BLAS sgemm_ torch ships (attention_gemm.h). It computes the row-major
 // C[M,N] (+)= A[M,K] B[K,N]; where oneDNN has a micro-kernel for the ISA it
 // runs that (AVX2/AVX-512 for fp32, AVX512-BF16/AMX for 16-bit inputs in the
 // "VNNI" layout), otherwise it falls back to the BLAS inside torch.
@@ -14,6 +15,7 @@
 #pragma once
 
 #include "../attention_variants.h"
+#include "attention_gemm.h"
 #include "attention_pack.h"
 #include "attention_params.h"
 
@@ -380,8 +382,13 @@ struct ForwardTask {
 
       // S = Q K^T, one brgemm per packed block of kKeyBlock keys.
       for (int64_t kb = 0; kb < len_pad; kb += kKeyBlock) {
-        at::native::cpublas::brgemm(rows, kKeyBlock, kv.k_depth(), lda, kKeyBlock, ldS, /*add_C=*/false, qa,
-                                    kv.key_block(b, hk, (j0 + kb) / kKeyBlock), s + kb, path == GemmPath::kVnni);
+        const GemmT* key_block = kv.key_block(b, hk, (j0 + kb) / kKeyBlock);
+        if constexpr (path == GemmPath::kVnni) {
+          at::native::cpublas::brgemm(rows, kKeyBlock, kv.k_depth(), lda, kKeyBlock, ldS, /*add_C=*/false, qa,
+                                      key_block, s + kb, /*is_vnni=*/true);
+        } else {
+          gemm_f32(rows, kKeyBlock, kv.k_depth(), lda, kKeyBlock, ldS, /*add_C=*/false, qa, key_block, s + kb);
+        }
       }
 
       // Online softmax; only tiles that cross a window edge need the per-row mask.
@@ -434,8 +441,7 @@ struct ForwardTask {
                                       p16, kv.value_block(b, hk, d0 / kValueBlock, j0), acc + d0, true);
         }
       } else {
-        at::native::cpublas::brgemm(rows, D, len, ldS, kv.v_ld(), ldA, !first, s, kv.value_rows(b, hk, j0), acc,
-                                    false);
+        gemm_f32(rows, D, len, ldS, kv.v_ld(), ldA, !first, s, kv.value_rows(b, hk, j0), acc);
       }
       first = false;
     }
