@@ -4,13 +4,12 @@ width and at head dimensions below it (NaN input columns past the head dimension
 columns, every cp.async source checked against the rows' true width), and with the attention variants
 (windows, softcap, ALiBi, an lse that carries sinks; deterministic mode with key tiles that skip query
 tiles), and packed batches (cu_seqlens, seqused: an empty sequence, tails, tiles cut by seqused). Needs g++ and the CUDA headers (for the half/bfloat16 types); skipped where they are absent."""
-import os
 import shutil
 import subprocess
 
 import pytest
 
-from test_cuda_sources import CUDA_INCLUDE, ROOT
+from test_cuda_sources import CUDA_INCLUDE, compile_emulator
 
 pytestmark = pytest.mark.skipif(CUDA_INCLUDE is None or shutil.which("g++") is None,
                                 reason="needs g++ and the CUDA headers")
@@ -18,12 +17,7 @@ pytestmark = pytest.mark.skipif(CUDA_INCLUDE is None or shutil.which("g++") is N
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
-    binary = str(tmp_path_factory.mktemp("emu") / "test_bwd_emu")
-    cmd = ["g++", "-std=c++17", "-O1", "-Wno-unknown-pragmas", f"-I{os.path.join(ROOT, 'csrc', 'cuda')}",
-           f"-I{CUDA_INCLUDE}", os.path.join(ROOT, "tests", "bwd_emulator", "test_bwd_emu.cpp"), "-o", binary]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-5000:]
-    return binary
+    return compile_emulator(tmp_path_factory, "bwd_emulator")
 
 
 @pytest.mark.parametrize("mode", [("lazy", "rr"), ("eager", "reverse", "-", "edge")],

@@ -31,6 +31,18 @@ NVCC = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else None
 CUDA_INCLUDE = os.path.join(CUDA_HOME, "include") if CUDA_HOME else None
 
 
+def compile_emulator(tmp_path_factory, name):
+    """tests/<name>/test_<name>.cpp, a CPU-emulator harness of CUDA kernels (csrc/cuda/sm80/bwd_emulate.cuh),
+    compiled with g++; returns the binary's path."""
+    source = os.path.join(ROOT, "tests", name, f"test_{name.replace('_emulator', '_emu')}.cpp")
+    binary = str(tmp_path_factory.mktemp("emu") / os.path.basename(source)[:-4])
+    cmd = ["g++", "-std=c++17", "-O1", "-Wno-unknown-pragmas", f"-I{os.path.join(ROOT, 'csrc', 'cuda')}",
+           f"-I{CUDA_INCLUDE}", source, "-o", binary]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return binary
+
+
 def load_codegen():
     spec = importlib.util.spec_from_file_location("_flashop_tool_codegen", os.path.join(ROOT, "tools", "codegen.py"))
     module = importlib.util.module_from_spec(spec)

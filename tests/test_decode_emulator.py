@@ -5,13 +5,12 @@ sentinel output columns, every cp.async source checked against the rows' true wi
 (pages of 16 and 64) and cache_batch_idx caches, with GQA rows, several queries, leftpad, empty sequences,
 splits (more than there are key blocks too) and the attention variants. Needs g++ and the CUDA headers (for
 the half/bfloat16 types); skipped where they are absent."""
-import os
 import shutil
 import subprocess
 
 import pytest
 
-from test_cuda_sources import CUDA_INCLUDE, ROOT
+from test_cuda_sources import CUDA_INCLUDE, compile_emulator
 
 pytestmark = pytest.mark.skipif(CUDA_INCLUDE is None or shutil.which("g++") is None,
                                 reason="needs g++ and the CUDA headers")
@@ -19,12 +18,7 @@ pytestmark = pytest.mark.skipif(CUDA_INCLUDE is None or shutil.which("g++") is N
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
-    binary = str(tmp_path_factory.mktemp("emu") / "test_decode_emu")
-    cmd = ["g++", "-std=c++17", "-O1", "-Wno-unknown-pragmas", f"-I{os.path.join(ROOT, 'csrc', 'cuda')}",
-           f"-I{CUDA_INCLUDE}", os.path.join(ROOT, "tests", "decode_emulator", "test_decode_emu.cpp"), "-o", binary]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-5000:]
-    return binary
+    return compile_emulator(tmp_path_factory, "decode_emulator")
 
 
 @pytest.mark.parametrize("mode", [("lazy", "rr"), ("eager", "reverse"), ("lazy", "random")],

@@ -73,23 +73,30 @@ def test_varlen_matches_per_sequence_reference(device, dtype, case):
                                       used_k if seqused else torch.tensor(lens_k), upcast, learnable_sink=sinks,
                                       **dict(args))
 
-    leaves = [t.requires_grad_() for t in (q, k, v)] + ([sinks.requires_grad_()] if sink else [])
+    assert_packed_call_matches(ours, reference, q, k, v, sinks, ("dq", "dk", "dv"))
+
+
+def assert_packed_call_matches(ours, reference, q, k, v, sinks, grad_names, out_factor=2):
+    """ours(q, k, v, sinks) -> (out, lse, _) of a packed batch against reference(q, k, v, sinks, upcast): out,
+    lse (-inf exactly where the reference's is), and the gradients of q, k, v (named grad_names) and the sinks."""
+    dtype, hq = q.dtype, q.size(1)
+    leaves = [t.requires_grad_() for t in (q, k, v)] + ([sinks.requires_grad_()] if sinks is not None else [])
     out, lse, _ = ours(q, k, v, sinks)
     assert out.shape == q.shape and lse.shape == (hq, q.size(0))
     ref_out, ref_lse = reference(q, k, v, sinks, True)
     lowp_out, _ = reference(q, k, v, sinks, False)
-    assert_close_to_reference(out, ref_out, lowp_out, "out")
+    assert_close_to_reference(out, ref_out, lowp_out, "out", factor=out_factor)
     empty = torch.isneginf(ref_lse)
     assert torch.equal(torch.isneginf(lse), empty)
-    torch.testing.assert_close(lse[~empty], ref_lse[~empty], atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(lse[~empty], ref_lse[~empty].float(), atol=1e-3, rtol=1e-3)
 
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, leaves, dout)
     ref_grads = torch.autograd.grad(ref_out, leaves, dout.double())
     lowp_grads = torch.autograd.grad(lowp_out, leaves, dout)
-    for name, g, r, lp in zip(("dq", "dk", "dv"), grads, ref_grads, lowp_grads):
+    for name, g, r, lp in zip(grad_names, grads, ref_grads, lowp_grads):
         assert_grad_close_to_reference(g, r, lp, name)
-    if sink:
+    if sinks is not None:
         if dtype == torch.float32:
             assert_grad_close_to_reference(grads[3], ref_grads[3], lowp_grads[3], "dsink")
         else:
@@ -440,28 +447,8 @@ def test_paged_varlen_matches_per_sequence_reference(device, dtype, case):
         return per_sequence_reference(q, keys, values, cu_q, cu_k, used_q if seqused else torch.tensor(lens_q),
                                       torch.tensor(lens_k), upcast, learnable_sink=sinks, **dict(variant))
 
-    leaves = [t.requires_grad_() for t in (q, k, v)] + ([sinks.requires_grad_()] if sink else [])
-    out, lse, _ = ours(q, k, v, sinks)
-    assert out.shape == q.shape and lse.shape == (hq, q.size(0))
-    ref_out, ref_lse = reference(q, k, v, sinks, True)
-    lowp_out, _ = reference(q, k, v, sinks, False)
-    assert_close_to_reference(out, ref_out, lowp_out, "out", factor=3 if alibi else 2)
-    empty = torch.isneginf(ref_lse)
-    assert torch.equal(torch.isneginf(lse), empty)
-    torch.testing.assert_close(lse[~empty], ref_lse[~empty].float(), atol=1e-3, rtol=1e-3)
-
-    dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, leaves, dout)
-    ref_grads = torch.autograd.grad(ref_out, leaves, dout.double())
-    lowp_grads = torch.autograd.grad(lowp_out, leaves, dout)
-    for name, g, r, lp in zip(("dq", "dk_pages", "dv_pages"), grads, ref_grads, lowp_grads):
-        assert_grad_close_to_reference(g, r, lp, name)
-    if sink:
-        if dtype == torch.float32:
-            assert_grad_close_to_reference(grads[3], ref_grads[3], lowp_grads[3], "dsink")
-        else:
-            torch.testing.assert_close(grads[3].double(), sink_grad_from_output(dout, out, ref_lse, sinks),
-                                       rtol=1e-3, atol=1e-5)
+    assert_packed_call_matches(ours, reference, q, k, v, sinks, ("dq", "dk_pages", "dv_pages"),
+                               out_factor=3 if alibi else 2)
 
 
 @pytest.mark.parametrize("device", DEVICES)
