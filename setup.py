@@ -99,7 +99,7 @@ def cuda_archs():
 def extension():
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
-    sources = ["csrc/flashop.cpp", "csrc/checks.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    sources = ["csrc/flashop.cpp", "csrc/autograd.cpp", "csrc/checks.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
     # -Wno-maybe-uninitialized: false positives from ATen's vectorised transposes under -Wall.
     cxx = ["-O3", "-std=c++17", "-fopenmp", "-Wno-maybe-uninitialized"]
     if not want_cuda():

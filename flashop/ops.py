@@ -1,5 +1,5 @@
-"""Python front of the ops: autograd, the CUDA kernel registration (through the
-config-dispatch policy) and the FlashAttention- and SDPA-style functions."""
+"""Python front of the ops: the CUDA kernel registration (through the config-dispatch policy) and the
+FlashAttention- and SDPA-style functions. The autograd formula is csrc/autograd.cpp."""
 from __future__ import annotations
 
 import torch
@@ -8,54 +8,6 @@ from . import _C, dispatch, meta, paged
 
 forward_op = torch.ops.flashop.forward.default
 backward_op = torch.ops.flashop.backward.default
-
-
-# ---------------------------------------------------------------- autograd
-
-def _setup_context(ctx, inputs, output):
-    (q, k, v, softmax_scale, causal, _config, deterministic, window_size_left, window_size_right, softcap,
-     alibi_slopes, learnable_sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
-     seqused_k) = inputs
-    out, softmax_lse = output
-    ctx.save_for_backward(q, k, v, out, softmax_lse, alibi_slopes, learnable_sink, cu_seqlens_q, cu_seqlens_k,
-                          seqused_q, seqused_k)
-    ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
-    ctx.softmax_scale = softmax_scale
-    ctx.causal = causal
-    ctx.deterministic = deterministic
-    ctx.window = (window_size_left, window_size_right)
-    ctx.softcap = softcap
-    # The LSE is an auxiliary output, as in FlashAttention: no gradient flows through it.
-    ctx.mark_non_differentiable(softmax_lse)
-
-
-def _sink_grad(dout, out, softmax_lse, learnable_sink):
-    """d loss / d sink_h = -sum over rows of P_sink * rowsum(dO * O): the sink's logit has no value (zero),
-    so its dP is 0 and dS_sink = P_sink (0 - D), with P_sink = exp(sink - lse) (the lse includes the sink).
-    Packed batches: dout/out (total_q, Hq, D), lse (Hq, total_q); rows outside every sequence have lse = -inf."""
-    d_rows = (dout.float() * out.float()).sum(-1).transpose(-1, -2)  # (B, Hq, Sq) or (Hq, total_q)
-    p_sink = torch.exp(learnable_sink[:, None] - softmax_lse)
-    p_sink = torch.where(torch.isneginf(softmax_lse), 0.0, p_sink)  # rows that take no part
-    per_head = (p_sink * d_rows).sum(-1)  # (B, Hq) or (Hq,)
-    return -(per_head.sum(0) if per_head.dim() == 2 else per_head)
-
-
-def _backward(ctx, dout, _dlse):
-    (q, k, v, out, softmax_lse, alibi_slopes, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_q,
-     seqused_k) = ctx.saved_tensors
-    if dout.size(-1) > 1 and dout.stride(-1) != 1:
-        # Incoming gradients can be expanded or transposed; the kernels need unit stride in headdim only.
-        dout = dout.contiguous()
-    dq, dk, dv = backward_op(dout, q, k, v, out, softmax_lse, ctx.softmax_scale, ctx.causal, None,
-                             ctx.deterministic, *ctx.window, ctx.softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                             *ctx.max_seqlen, seqused_q, seqused_k)
-    dsink = None
-    if learnable_sink is not None and ctx.needs_input_grad[11]:
-        dsink = _sink_grad(dout, out, softmax_lse, learnable_sink)
-    return (dq, dk, dv, None, None, None, None, None, None, None, None, dsink) + (None,) * 6
-
-
-torch.library.register_autograd("flashop::forward", _backward, setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------- CUDA kernels
