@@ -107,7 +107,7 @@ def extension():
                             extra_link_args=["-fopenmp"] + PRIVATE_STATIC_LIBS)
 
     sources += ["csrc/cuda/glue.cpp", "csrc/cuda/forward_cuda.cpp", "csrc/cuda/backward_cuda.cpp",
-                "csrc/cuda/decode_cuda.cpp", "csrc/cuda/decode/decode.cu"] + generated_sources("flashop._C")
+                "csrc/cuda/decode_cuda.cpp", "csrc/cuda/ops_cuda.cpp", "csrc/cuda/decode/decode.cu"] + generated_sources("flashop._C")
     archs = cuda_archs()
     nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr"]
     nvcc += [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs if a]

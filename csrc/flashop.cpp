@@ -1,6 +1,6 @@
 // The flashop operators, defined once. Backends register kernels for them:
-// csrc/cpu/ (CPU), flashop/ops.py (CUDA, through the config-dispatch policy),
-// flashop/meta.py (fake tensors for tracing), flashop/ops.py (autograd).
+// csrc/cpu/ (CPU), csrc/cuda/ops_cuda.cpp (CUDA, through the config-dispatch policy),
+// flashop/meta.py (fake tensors for tracing), csrc/autograd.cpp (autograd).
 #include "cpu/isa.h"
 
 #include <torch/extension.h>
@@ -13,6 +13,7 @@ namespace glue {
 void bind_forward(pybind11::module_& m);
 void bind_backward(pybind11::module_& m);
 void bind_decode(pybind11::module_& m);  // csrc/cuda/decode_cuda.cpp
+void bind_ops(pybind11::module_& m);     // csrc/cuda/ops_cuda.cpp
 }  // namespace glue
 }  // namespace flashop
 #endif
@@ -77,6 +78,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   flashop::glue::bind_forward(m);
   flashop::glue::bind_backward(m);
   flashop::glue::bind_decode(m);
+  flashop::glue::bind_ops(m);
 #else
   m.attr("WITH_CUDA") = false;
 #endif

@@ -31,6 +31,7 @@ import os
 import platform
 import re
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -79,6 +80,10 @@ METHOD = """\
   bf16; batch 1, 8 and 64, 4k to 128k cached tokens): `flash_attn_with_kvcache` on a contiguous cache and on
   pages of 16 and 256 tokens, torch's SDPA with the FLASH and CUDNN backends on the same memory
   (`enable_gqa`), and a device-to-device copy of the cache as the bandwidth ceiling; GB/s of K/V read.
+* **Per-call overhead** (`--overhead`): batch 1, 128 tokens, 8 heads, d64 (bf16 on the GPU, float32 on the CPU):
+  the wall time of 200 back-to-back calls of `flash_attn_func` and of torch's SDPA (default backend), synchronised
+  once at the end, per call (median of 7 rounds); the forward alone and with its backward, each called eagerly
+  and as a `torch.compile(fullgraph=True)` region.
 * **Ratios** are peer time / flashop time: > 1 means flashop is faster. The summary gives the harmonic
   mean of each row's ratios over the sequence lengths.
 * Regenerate a device's section with `python -m flashop.bench --device cuda --modes fwd bwd fwd+bwd
@@ -588,6 +593,74 @@ def decode_section(report: dict, heading: str = "##") -> str:
     return "\n".join(lines + _table(head, rows) + [""])
 
 
+# --- per-call overhead: wall time of one call on a tiny problem, against torch's SDPA --------------------------
+
+OVERHEAD_SHAPE = (1, 128, 8, 64)  # batch, seqlen, heads, headdim
+OVERHEAD_CALLS = 200
+
+
+def _wall_us_per_call(fn, device: str, rounds: int = 7) -> float:
+    """The median over rounds of the wall time of OVERHEAD_CALLS back-to-back calls (synchronised once at the
+    end), per call: on a problem this small that is the host's cost of a call."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for _ in range(20):
+        fn()
+    sync()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(OVERHEAD_CALLS):
+            fn()
+        sync()
+        times.append((time.perf_counter() - start) / OVERHEAD_CALLS * 1e6)
+    return statistics.median(times)
+
+
+def run_overhead_cases(args) -> list[dict]:
+    """Wall time per call of flashop.flash_attn_func and torch's SDPA (its default backend) on OVERHEAD_SHAPE
+    (bf16 on the GPU, float32 on the CPU): the forward and the forward with its backward, called eagerly and
+    as a torch.compile(fullgraph=True) region holding the one call."""
+    batch, seqlen, heads, headdim = OVERHEAD_SHAPE
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    q, k, v = (torch.randn(batch, seqlen, heads, headdim, device=args.device, dtype=dtype) for _ in range(3))
+    attends = {"flashop": lambda q, k, v: flashop.flash_attn_func(q, k, v),
+               "torch": lambda q, k, v: F.scaled_dot_product_attention(
+                   q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)}
+    rows = []
+    for region in ("eager", "compiled"):
+        for mode in ("fwd", "fwd+bwd"):
+            us = {}
+            for impl, attend in attends.items():
+                if region == "compiled":
+                    torch._dynamo.reset()
+                    attend = torch.compile(attend, fullgraph=True)
+                if mode == "fwd":
+                    call = lambda attend=attend: attend(q, k, v)  # noqa: E731
+                else:
+                    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+                    grad = torch.randn_like(q)
+                    call = lambda attend=attend, leaves=leaves, grad=grad: attend(*leaves).backward(grad)  # noqa: E731
+                us[impl] = _wall_us_per_call(call, args.device)
+            rows.append(dict(region=region, mode=mode, shape=list(OVERHEAD_SHAPE), dtype=str(dtype).split(".")[-1],
+                             us=us))
+    return rows
+
+
+def overhead_section(report: dict, heading: str = "##") -> str:
+    batch, seqlen, heads, headdim = OVERHEAD_SHAPE
+    lines = [f"{heading}# Per-call overhead", "",
+             f"Wall time per call (us, lower is better) on a tiny problem (batch {batch}, {seqlen} tokens, {heads} "
+             f"heads, d{headdim}): `flash_attn_func` against torch's SDPA, eagerly and as a compiled region; ratio: "
+             "torch's time / flashop's.", ""]
+    head = ["region", "mode", "dtype", "flashop", "torch", "ratio"]
+    rows = []
+    for r in report["overhead"]:
+        ours, peer = r["us"].get("flashop"), r["us"].get("torch")
+        rows.append([r["region"], r["mode"], r["dtype"], _fmt(ours, ".1f"), _fmt(peer, ".1f"),
+                     _fmt(peer / ours if ours and peer else None, ".2f")])
+    return "\n".join(lines + _table(head, rows) + [""])
+
+
 # --- the report: a JSON-able dict per device, rendered to markdown and a plot ------------------------------
 
 
@@ -711,6 +784,8 @@ def device_section(report: dict, heading: str = "##") -> str:
         lines += [varlen_section(report, heading), ""]
     if report.get("decode"):
         lines += [decode_section(report, heading), ""]
+    if report.get("overhead"):
+        lines += [overhead_section(report, heading), ""]
     if not report["results"]:
         return "\n".join(lines)
     modes = _modes(report)
@@ -889,8 +964,10 @@ def parse_args(argv=None):
                    "length")
     p.add_argument("--decode", action="store_true", help="also time one query token over KV caches of 4k..128k "
                    "tokens (batch 1, 8, 64; contiguous and paged) against torch's SDPA and the copy bandwidth")
-    p.add_argument("--no-sweep", action="store_true", help="skip the dense sweep (with --variants, --varlen or "
-                   "--decode)")
+    p.add_argument("--overhead", action="store_true", help="also time the wall time per call of a tiny problem "
+                   "against torch's SDPA, eager and compiled")
+    p.add_argument("--no-sweep", action="store_true", help="skip the dense sweep (with --variants, --varlen, "
+                   "--decode or --overhead)")
     args = p.parse_args(argv)
     args.tokens = args.tokens or (32768 if args.device == "cuda" else 4096)
     args.rounds = args.rounds or (3 if args.device == "cuda" else 1)
@@ -922,6 +999,8 @@ def main(argv=None):
         report["varlen"] = run_varlen_cases(args)
     if args.decode:
         report["decode"] = run_decode_cases(args)
+    if args.overhead:
+        report["overhead"] = run_overhead_cases(args)
     print(device_section(report, heading="#"))
     if args.out_dir:
         write_report(report, args.out_dir, f"bench_{args.device}", markdown=True)

@@ -2,8 +2,9 @@
 
 `choose_config(device, problem)` is a plain function of a device description
 and the problem, so it is unit-tested on the CPU with described devices. The
-CUDA kernel registered in flashop/ops.py calls it at run time, inside the op:
-a graph traced by torch.compile keeps choosing per call.
+CUDA kernels of the ops (csrc/cuda/ops_cuda.cpp) ask `config_for_call` at run
+time, inside the op, once per problem: a graph traced by torch.compile keeps
+choosing per call.
 """
 from __future__ import annotations
 
@@ -405,9 +406,36 @@ def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, direction: str, v
 
 def config_for(q: torch.Tensor, k: torch.Tensor, causal: bool, direction: str, variants: bool = False,
                packed: tuple[int, int, int] | None = None) -> str:
-    """The run-time entry point used inside the CUDA kernel registration."""
+    """The policy's pick for the problem of q and k on q's device."""
     device = DeviceInfo.of(q.device.index if q.device.index is not None else torch.cuda.current_device())
     return _choose_cached(device, problem_of(q, k, causal, direction, variants, packed))
+
+
+def config_for_call(direction: str, q: torch.Tensor, k: torch.Tensor, causal: bool, variants: bool, requested: bool,
+                    packed: tuple[int, int, int] | None, deterministic: bool, config: str | None) -> str:
+    """The kernel config a CUDA call of the op runs: the rules of check_config, then the named config or the
+    policy's pick (for a deterministic backward, among the mma.sync configs). csrc/cuda/ops_cuda.cpp asks this
+    once per problem and keeps the answer until clear_caches(). causal and variants: after the window is
+    normalised (csrc/checks.cpp check_variants); requested: the arguments as given (meta.variants_requested);
+    packed: (sequences, max_seqlen_q, max_seqlen_k) of a packed batch."""
+    check_config(config, q.device, q.dtype, q.size(-1), direction, deterministic, variants=requested,
+                 packed=packed is not None)
+    if config is not None:
+        return config
+    config = config_for(q, k, causal, direction, variants, packed)
+    if direction == "backward" and deterministic and config.startswith("sm90.bwd."):
+        config = mma_sync_backward_config(q, k, causal, variants, packed)  # no ordered wgmma mode
+    return config
+
+
+def clear_caches():
+    """Forget every pick made so far (the tuned cache is read again on the next call): after the tuned cache
+    or the policy's tables change."""
+    _loaded_cache.clear()
+    _choose_cached.cache_clear()
+    native = _native()
+    if native.WITH_CUDA:
+        native._clear_config_picks()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -498,8 +526,7 @@ def write_cache(updates: dict, path: str | None = None) -> str:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    _loaded_cache.clear()
-    _choose_cached.cache_clear()
+    clear_caches()
     return path
 
 

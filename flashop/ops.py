@@ -1,116 +1,13 @@
-"""Python front of the ops: the CUDA kernel registration (through the config-dispatch policy) and the
-FlashAttention- and SDPA-style functions. The autograd formula is csrc/autograd.cpp."""
+"""The FlashAttention- and SDPA-style functions over the ops. The ops' kernels (csrc/cpu/, csrc/cuda/ops_cuda.cpp)
+and autograd formula (csrc/autograd.cpp) are C++; their fake kernels are flashop/meta.py."""
 from __future__ import annotations
 
 import torch
 
-from . import _C, dispatch, meta, paged
+from . import paged
 
 forward_op = torch.ops.flashop.forward.default
 backward_op = torch.ops.flashop.backward.default
-
-
-# ---------------------------------------------------------------- CUDA kernels
-
-if _C.WITH_CUDA:
-
-    def _cuda_variants(dims, causal, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink=None):
-        """(causal, the kernels' variant arguments, whether any is on): the window normalised as the CPU
-        kernels' checks do (csrc/checks.cpp), so causal is exactly the (-1, 0) window. dims: the checks'
-        (packed batches: the token counts, which bound every sequence)."""
-        causal, left, right = meta.normalize_window(causal, window_size_left, window_size_right, dims[1], dims[2])
-        on = left >= 0 or right > 0 or softcap > 0 or alibi_slopes is not None or learnable_sink is not None
-        return causal, (left, right, float(softcap), alibi_slopes), on
-
-    def _packed_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k):
-        """(dims, the policy's packed shape or None, the native ops' packed arguments): the checks of
-        flashop/meta.py for a dense or a packed batch."""
-        if not meta.is_packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k):
-            return meta.check_forward_inputs(q, k, v), None, ()
-        dims = meta.check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
-        # The policy's shape: the longest sequences (the token counts when not given).
-        shape = (dims[0], dims[1] if max_seqlen_q is None else int(max_seqlen_q),
-                 dims[2] if max_seqlen_k is None else int(max_seqlen_k))
-        return dims, shape, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
-
-    @torch.library.register_kernel("flashop::forward", "cuda")
-    def _forward_cuda(q, k, v, softmax_scale=None, causal=False, config=None, deterministic=False,
-                      window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None,
-                      cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None,
-                      seqused_k=None):
-        # The argument rules first, in Python (flashop/meta.py: the rules and messages of
-        # csrc/checks.cpp): the policy below reads shapes, and the Hopper module must not build
-        # error messages with numbers (csrc/cuda/sm90/bindings_sm90.cpp says why).
-        dims, packed, packed_args = _packed_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                   seqused_q, seqused_k)
-        meta.check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes, learnable_sink)
-        requested = meta.variants_requested(causal, window_size_left, window_size_right, softcap, alibi_slopes,
-                                            learnable_sink)
-        causal, variants, variants_on = _cuda_variants(dims, causal, window_size_left, window_size_right, softcap,
-                                                       alibi_slopes, learnable_sink)
-        meta.check_softmax_scale(softmax_scale)
-        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "forward", variants=requested,
-                              packed=packed is not None)
-        scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
-        if config is None and packed is None and k.size(1) > 0 and _C.decode_supported(q, k, v):
-            # At most 8 query rows per KV head (decoding through flash_attn_func): the split-KV decode kernels
-            # (csrc/cuda/decode/), with k and v as a cache every sequence fills.
-            left, right, cap, slopes = variants
-            return _C.decode_forward(q, k, v, None, None, None, None, scale, left, right, cap, slopes, learnable_sink,
-                                     0)
-        if config is None:
-            config = dispatch.config_for(q, k, causal, "forward", variants_on, packed)
-        headdim = q.size(-1)
-        q, k, v = _pad_headdim(q, k, v)
-        native = dispatch.hopper_module() if config.startswith("sm90.") else _C
-        if packed is not None and native is not _C:
-            # The Hopper module leaves a packed batch's value checks to _C's (eager; the kernels clamp anyway)
-            # and takes the longest sequences as given.
-            cu_q, cu_k, _, _, used_q, used_k = packed_args
-            packed_args = (cu_q, cu_k, *_C.check_packed(q, k, v, *packed_args), used_q, used_k)
-        out, softmax_lse = native.forward(q, k, v, scale, causal, config, *variants, learnable_sink, *packed_args)
-        return _unpad_headdim(headdim, out)[0], softmax_lse
-
-    @torch.library.register_kernel("flashop::backward", "cuda")
-    def _backward_cuda(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, config=None,
-                       deterministic=False, window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None,
-                       cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None,
-                       seqused_k=None):
-        dims, packed, packed_args = _packed_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                   seqused_q, seqused_k)
-        meta.check_backward_inputs(dout, q, out, softmax_lse, dims, packed=packed is not None)
-        meta.check_variants(dims, q, window_size_left, window_size_right, softcap, alibi_slopes)
-        requested = meta.variants_requested(causal, window_size_left, window_size_right, softcap, alibi_slopes)
-        causal, variants, variants_on = _cuda_variants(dims, causal, window_size_left, window_size_right, softcap,
-                                                       alibi_slopes)
-        meta.check_softmax_scale(softmax_scale)
-        dispatch.check_config(config, q.device, q.dtype, q.size(-1), "backward", deterministic, variants=requested,
-                              packed=packed is not None)
-        if config is None:
-            config = dispatch.config_for(q, k, causal, "backward", variants_on, packed)
-            if deterministic and config.startswith("sm90.bwd."):  # no ordered mode: the mma.sync pick
-                config = dispatch.mma_sync_backward_config(q, k, causal, variants_on, packed)
-        scale = softmax_scale if softmax_scale is not None else q.size(-1) ** -0.5
-        headdim = q.size(-1)
-        dout, q, k, v, out = _pad_headdim(dout, q, k, v, out)
-        native = dispatch.hopper_module() if config.startswith("sm90.bwd.") else _C
-        if packed is not None and native is not _C:  # as in _forward_cuda
-            cu_q, cu_k, _, _, used_q, used_k = packed_args
-            packed_args = (cu_q, cu_k, *_C.check_packed(q, k, v, *packed_args), used_q, used_k)
-        grads = native.backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, config, *variants,
-                                *packed_args)
-        return _unpad_headdim(headdim, *grads)
-
-    def _pad_headdim(*tensors):
-        """The CUDA kernels read and write 16-byte rows: a head dimension that is not a multiple of 8 gets
-        zero columns up to the next one (zeros add nothing to q.k, and give zero output columns)."""
-        pad = dispatch.kernel_headdim(tensors[0].size(-1)) - tensors[0].size(-1)
-        return tensors if pad == 0 else tuple(torch.nn.functional.pad(t, (0, pad)) for t in tensors)
-
-    def _unpad_headdim(headdim, *tensors):
-        if tensors[0].size(-1) == headdim:
-            return tensors
-        return tuple(t[..., :headdim].contiguous() for t in tensors)
 
 
 # ---------------------------------------------------------------- FlashAttention-style API

@@ -164,3 +164,19 @@ def test_decode_rows_and_section(monkeypatch):
                             "cudnn": 4e-3, "copy": 5e-4})  # 524288 bytes: 524 GB/s at 1 us
     markdown = bench.device_section(dict(gpu_report(), results=[], decode=[row]))
     assert "| 2 | 256 | 8/2 | 128 | 524 | 262 | 524 | 262 | 131 | 1049 | 2.00 | 4.00 |" in markdown
+
+
+def test_overhead_rows_and_section(monkeypatch):
+    """--overhead: both implementations run in every region and mode (each call really runs: the timer is
+    replaced by one call), and the section gives torch's time over flashop's."""
+    calls = []
+    monkeypatch.setattr(bench, "_wall_us_per_call", lambda fn, device: (calls.append(fn()), 10.0)[1])
+    args = bench.parse_args(["--device", "cpu", "--overhead", "--no-sweep"])
+    rows = bench.run_overhead_cases(args)
+    assert [(r["region"], r["mode"]) for r in rows] == [("eager", "fwd"), ("eager", "fwd+bwd"), ("compiled", "fwd"),
+                                                        ("compiled", "fwd+bwd")]
+    assert all(r["us"].keys() == {"flashop", "torch"} for r in rows) and len(calls) == 8
+    assert tuple(calls[0].shape) == bench.OVERHEAD_SHAPE  # the forward's output
+    row = dict(rows[0], us={"flashop": 40.0, "torch": 50.0})
+    markdown = bench.device_section(dict(gpu_report(), results=[], overhead=[row]))
+    assert "| eager | fwd | float32 | 40.0 | 50.0 | 1.25 |" in markdown

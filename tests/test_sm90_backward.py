@@ -77,7 +77,7 @@ def test_deterministic_policy_pick_is_mma_sync(monkeypatch):
     """With the wgmma kernel as the policy's backward default, deterministic=True still gives
     bit-identical gradients (an mma.sync config with the ordered dQ adds)."""
     monkeypatch.setattr(dispatch, "HOPPER_BACKWARD_HEADDIMS", (128,))
-    dispatch._choose_cached.cache_clear()
+    dispatch.clear_caches()
     try:
         q, k, v = make_qkv((2, 300, 300, 4, 2, 128), torch.bfloat16, "cuda")
         assert dispatch.config_for(q, k, True, "backward").startswith("sm90.bwd.")
@@ -87,7 +87,7 @@ def test_deterministic_policy_pick_is_mma_sync(monkeypatch):
         for a, b in zip(*runs):
             assert torch.equal(a, b)
     finally:
-        dispatch._choose_cached.cache_clear()
+        dispatch.clear_caches()
 
 
 def _det_grads(q, k, v, dout):

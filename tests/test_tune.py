@@ -20,8 +20,7 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine
 @needs_cuda
 def test_tune_cuda_small_sweep_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHOP_CACHE_DIR", str(tmp_path))
-    dispatch._loaded_cache.clear()
-    dispatch._choose_cached.cache_clear()
+    dispatch.clear_caches()
     problems = [(Problem("bf16", 64, 1024, 1024, 2 * 4, causal), (2, 4)) for causal in (False, True)]
     results = flashop.tune(problems, progress=False, quiet=True)
     assert len(results) == 2

@@ -28,7 +28,9 @@ const BwdKernel& backward_kernel(const std::string& name) {
   return kernel_or_throw(bwd_kernels(), num_bwd_kernels(), name, kOp);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, const at::Tensor& q,
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mma_sync_backward(const at::Tensor& dout, const at::Tensor& q,
                                                         const at::Tensor& k, const at::Tensor& v,
                                                         const at::Tensor& out, const at::Tensor& softmax_lse,
                                                         double softmax_scale, bool causal, bool deterministic,
@@ -66,6 +68,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, 
                       is_packed ? &packed : nullptr);
 }
 
+namespace {
+
+
 std::vector<std::string> built_backward_configs() { return kernel_names(bwd_kernels(), num_bwd_kernels()); }
 
 int64_t backward_config_smem(const std::string& name) {
@@ -76,7 +81,7 @@ int64_t backward_config_smem(const std::string& name) {
 
 void bind_backward(pybind11::module_& m) {
   namespace py = pybind11;
-  m.def("backward", &backward, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
+  m.def("backward", &mma_sync_backward, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
         py::arg("softmax_lse"), py::arg("softmax_scale"), py::arg("causal"), py::arg("deterministic"),
         py::arg("config"), py::arg("window_left") = -1, py::arg("window_right") = -1, py::arg("softcap") = 0.0,
         py::arg("alibi_slopes") = py::none(), py::arg("cu_seqlens_q") = py::none(),

@@ -30,6 +30,8 @@ bool aligned_rows(const at::Tensor& t) {
   return true;
 }
 
+}  // namespace
+
 // Whether the decode kernels run this call: CUDA fp16/bf16 on compute capability 8.0 or newer, a head
 // dimension that is a multiple of 8 up to 256, at most decode::kMaxRows query rows per KV head, and rows
 // that 16-byte loads can read in place.
@@ -45,6 +47,8 @@ bool decode_supported(const at::Tensor& q, const at::Tensor& k_cache, const at::
 
 // An int32 index tensor with unit stride in its last dimension (the kernels index rows of block_table by
 // its row stride), or nothing.
+namespace {
+
 std::optional<at::Tensor> index_rows(const std::optional<at::Tensor>& t) {
   if (!t.has_value()) return std::nullopt;
   return t->stride(-1) == 1 ? *t : t->contiguous();
@@ -60,6 +64,8 @@ int default_splits(const Device& dev, int resident_per_sm, int64_t ctas, int64_t
   const int64_t wave = int64_t(dev.sm_count) * resident_per_sm;
   return int(std::clamp<int64_t>(std::min(wave / ctas, capacity / 256), 1, decode::kMaxSplits));
 }
+
+}  // namespace
 
 std::tuple<at::Tensor, at::Tensor> decode_forward(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -131,8 +137,6 @@ std::tuple<at::Tensor, at::Tensor> decode_forward(
   TORCH_CHECK(err == cudaSuccess, kOp, " (CUDA decode): kernel launch failed: ", cudaGetErrorString(err));
   return {out, lse};
 }
-
-}  // namespace
 
 void bind_decode(pybind11::module_& m) {
   namespace py = pybind11;

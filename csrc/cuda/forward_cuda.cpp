@@ -31,7 +31,9 @@ const FwdKernel& forward_kernel(const std::string& name) {
   return kernel_or_throw(fwd_kernels(), num_fwd_kernels(), name, kOp);
 }
 
-std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> mma_sync_forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                            double softmax_scale, bool causal, const std::string& config,
                                            int64_t window_left, int64_t window_right, double softcap,
                                            const std::optional<at::Tensor>& alibi_slopes,
@@ -95,6 +97,9 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q_in, const at::Ten
   return {out, lse};
 }
 
+namespace {
+
+
 // The checks of a packed batch (tensors, then values: eager only) for callers of other kernel modules (the
 // Hopper forward): (max_seqlen_q, max_seqlen_k), read from cu_seqlens where not given.
 std::tuple<int64_t, int64_t> check_packed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -115,7 +120,7 @@ int64_t forward_config_smem(const std::string& name) { return static_cast<int64_
 
 void bind_forward(pybind11::module_& m) {
   namespace py = pybind11;
-  m.def("forward", &forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("softmax_scale"), py::arg("causal"),
+  m.def("forward", &mma_sync_forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("softmax_scale"), py::arg("causal"),
         py::arg("config"), py::arg("window_left") = -1, py::arg("window_right") = -1, py::arg("softcap") = 0.0,
         py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(), py::arg("cu_seqlens_q") = py::none(),
         py::arg("cu_seqlens_k") = py::none(), py::arg("max_seqlen_q") = py::none(),

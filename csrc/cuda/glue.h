@@ -21,6 +21,7 @@
 #include "fwd_config.h"
 #include "bwd_params.h"
 #include "fwd_params.h"
+#include "kernel_entry.h"
 
 namespace flashop {
 namespace glue {
@@ -177,6 +178,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(
     const at::Tensor& softmax_lse, double softmax_scale, bool causal, bool deterministic, const AttentionDims& dims,
     const Device& dev, int block_m, int tile_width, BwdLaunch launch, const char* kernel_name,
     const AttentionVariants& variants = AttentionVariants{}, const PackedBatch* packed = nullptr);
+
+// ---------------------------------------------------------------- flashop._C's kernels
+
+// The mma.sync forward and backward (forward_cuda.cpp, backward_cuda.cpp; also flashop._C.forward/backward).
+ForwardEntry mma_sync_forward;
+BackwardEntry mma_sync_backward;
+
+// The split-KV decode kernels (decode_cuda.cpp): whether they run q (B, Sq, Hq, D) over caches (B, Sk, Hk, D),
+// and the forward over them (the window normalised; key_begin/key_end, cache_batch_idx and block_table as
+// csrc/cuda/decode/decode_params.h has them; out written in place when given).
+bool decode_supported(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache);
+std::tuple<at::Tensor, at::Tensor> decode_forward(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const OptTensor& key_begin,
+    const OptTensor& key_end, const OptTensor& cache_batch_idx, const OptTensor& block_table, double softmax_scale,
+    int64_t window_left, int64_t window_right, double softcap, const OptTensor& alibi_slopes, const OptTensor& sinks,
+    int64_t num_splits, const OptTensor& out);
 
 }  // namespace glue
 }  // namespace flashop

@@ -318,6 +318,9 @@ PYBIND11_MODULE(_C_sm90, m) {
   namespace py = pybind11;
   namespace glue = flashop::glue;
   m.doc() = "flashop Hopper (sm_90a) kernels: TMA + wgmma + warp specialisation (forward, backward)";
+  // flashop._C's CUDA ops call the kernels through these pointers (csrc/cuda/kernel_entry.h).
+  static const glue::KernelEntries entries{&glue::forward, &glue::backward};
+  m.attr("entry_points") = py::capsule(&entries, glue::kHopperEntriesCapsule);
   m.def("forward", &glue::forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("softmax_scale"),
         py::arg("causal"), py::arg("config"), py::arg("window_left") = -1, py::arg("window_right") = -1,
         py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
