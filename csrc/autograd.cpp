@@ -117,6 +117,15 @@ std::tuple<at::Tensor, at::Tensor> forward_autograd(
     double softcap, const OptTensor& alibi_slopes, const OptTensor& learnable_sink, const OptTensor& cu_seqlens_q,
     const OptTensor& cu_seqlens_k, OptSymInt max_seqlen_q, OptSymInt max_seqlen_k, const OptTensor& seqused_q,
     const OptTensor& seqused_k) {
+  const bool needs_grad = at::GradMode::is_enabled() &&
+                          (q.requires_grad() || k.requires_grad() || v.requires_grad() ||
+                           (learnable_sink.has_value() && learnable_sink->requires_grad()));
+  if (!needs_grad) {  // inference: no graph node, nothing saved (a few microseconds of a small call)
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_op().call(q, k, v, softmax_scale, causal, config, deterministic, window_left, window_right,
+                             softcap, alibi_slopes, learnable_sink, cu_seqlens_q, cu_seqlens_k,
+                             std::move(max_seqlen_q), std::move(max_seqlen_k), seqused_q, seqused_k);
+  }
   const variable_list result = AttentionFunction::apply(
       q, k, v, softmax_scale, causal, config, deterministic, window_left, window_right, softcap, alibi_slopes,
       learnable_sink, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q), std::move(max_seqlen_k), seqused_q,
