@@ -1,5 +1,5 @@
-// The autograd formula of flashop::forward, for every backend, in C++ so a call pays no Python on its way
-// through the dispatcher. The forward saves q, k, v, out and softmax_lse; the gradient of q, k and v is
+// How flashop::forward composes above the kernels, for every backend, in C++ so a call pays no Python on its
+// way through the dispatcher: its autograd formula, and its out= overload. The forward saves q, k, v, out and softmax_lse; the gradient of q, k and v is
 // flashop::backward's, and the sinks' is formed here: a sink's logit has no value vector, so its dP is 0 and
 // dS_sink = P_sink * (0 - D) with D = rowsum(dO * O), summed over the rows it sits in.
 #include <ATen/ATen.h>
@@ -9,6 +9,8 @@
 
 #include <optional>
 #include <tuple>
+
+#include "checks.h"
 
 namespace flashop {
 namespace {
@@ -133,7 +135,26 @@ std::tuple<at::Tensor, at::Tensor> forward_autograd(
   return {result[0], result[1]};
 }
 
+// forward.with_out: the functional forward, then a copy into `out`. Registered as CompositeImplicitAutograd, so
+// autograd, tracing and every backend see those two ops (the copy costs one pass over the output).
+at::Tensor forward_with_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            std::optional<double> softmax_scale, bool causal, std::optional<c10::string_view> config,
+                            bool deterministic, int64_t window_left, int64_t window_right, double softcap,
+                            const OptTensor& alibi_slopes, const OptTensor& learnable_sink,
+                            const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k, OptSymInt max_seqlen_q,
+                            OptSymInt max_seqlen_k, const OptTensor& seqused_q, const OptTensor& seqused_k,
+                            const at::Tensor& out) {
+  check_out(out, q);
+  auto [result, lse] = forward_op().call(q, k, v, softmax_scale, causal, config, deterministic, window_left,
+                                         window_right, softcap, alibi_slopes, learnable_sink, cu_seqlens_q,
+                                         cu_seqlens_k, std::move(max_seqlen_q), std::move(max_seqlen_k), seqused_q,
+                                         seqused_k);
+  out.copy_(result);
+  return lse;
+}
+
 }  // namespace
 }  // namespace flashop
 
 TORCH_LIBRARY_IMPL(flashop, Autograd, m) { m.impl("forward", &flashop::forward_autograd); }
+TORCH_LIBRARY_IMPL(flashop, CompositeImplicitAutograd, m) { m.impl("forward.with_out", &flashop::forward_with_out); }

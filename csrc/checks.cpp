@@ -189,6 +189,12 @@ void check_varlen_values(const at::Tensor& cu_seqlens, const char* name, int64_t
   }
 }
 
+void check_out(const at::Tensor& out, const at::Tensor& q) {
+  TORCH_CHECK(out.sym_sizes() == q.sym_sizes(), "flashop: out must have the shape of q ", q.sym_sizes(), ", got ",
+              out.sym_sizes());
+  check_same_dtype_device(out, "out", q);
+}
+
 double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t headdim) {
   if (!softmax_scale.has_value()) return 1.0 / std::sqrt(static_cast<double>(headdim));
   TORCH_CHECK(std::isfinite(*softmax_scale), "flashop: softmax_scale must be a finite number, got ", *softmax_scale);

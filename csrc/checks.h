@@ -58,6 +58,10 @@ void check_varlen_values(const at::Tensor& cu_seqlens, const char* name, int64_t
                          std::optional<int64_t> max_seqlen, const char* max_name,
                          const std::optional<at::Tensor>& seqused, const char* seqused_name);
 
+// A preallocated output (flashop::forward.with_out): q's shape, dtype and device (flashop/meta.py
+// check_kvcache_out says the same). Compares symbolic sizes, so a traced call keeps its dynamic shapes.
+void check_out(const at::Tensor& out, const at::Tensor& q);
+
 // softmax_scale defaults to 1/sqrt(D); an explicit value must be finite.
 double resolve_softmax_scale(std::optional<double> softmax_scale, int64_t headdim);
 

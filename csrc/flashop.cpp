@@ -42,6 +42,14 @@ TORCH_LIBRARY(flashop, m) {
       "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, "
       "Tensor? seqused_q=None, Tensor? seqused_k=None) -> (Tensor dq, Tensor dk, Tensor dv)",
       {at::Tag::pt2_compliant_tag});
+  // The forward writing its output into a preallocated `out` (q's shape and dtype; vLLM's calling convention).
+  m.def(
+      "forward.with_out(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
+      "str? config=None, bool deterministic=False, int window_size_left=-1, int window_size_right=-1, "
+      "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? learnable_sink=None, Tensor? cu_seqlens_q=None, "
+      "Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, Tensor? seqused_q=None, "
+      "Tensor? seqused_k=None, *, Tensor(a!) out) -> Tensor softmax_lse",
+      {at::Tag::pt2_compliant_tag});
   // FlashAttention's flash_attn_with_kvcache: k and v are appended to the caches in place (hence its own op),
   // then q attends to each sequence's cache. Its kernels and rules are in flashop/kvcache.py.
   m.def(

@@ -7,7 +7,16 @@ import torch
 from . import paged
 
 forward_op = torch.ops.flashop.forward.default
+forward_with_out_op = torch.ops.flashop.forward.with_out
 backward_op = torch.ops.flashop.backward.default
+
+
+def _forward(out, *args):
+    """(out, softmax_lse) of the forward op, or of its with_out overload writing into a given `out` (q's shape and
+    dtype, any strides)."""
+    if out is None:
+        return forward_op(*args)
+    return out, forward_with_out_op(*args, out=out)
 
 
 # ---------------------------------------------------------------- FlashAttention-style API
@@ -24,28 +33,29 @@ def _window_pair(window_size):
 
 
 def _attention(q, k, v, softmax_scale, causal, return_attn_probs, config, deterministic=False, window_size=(-1, -1),
-               softcap=0.0, alibi_slopes=None, learnable_sink=None):
-    out, softmax_lse = forward_op(q, k, v, softmax_scale, causal, config, deterministic, *_window_pair(window_size),
-                                  float(softcap), alibi_slopes, learnable_sink)
+               softcap=0.0, alibi_slopes=None, learnable_sink=None, out=None):
+    out, softmax_lse = _forward(out, q, k, v, softmax_scale, causal, config, deterministic, *_window_pair(window_size),
+                                float(softcap), alibi_slopes, learnable_sink)
     # FlashAttention returns (out, softmax_lse, S_dmask); S_dmask only exists with dropout.
     return (out, softmax_lse, None) if return_attn_probs else out
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False, *, learnable_sink=None,
-                    config=None):
+                    config=None, out=None):
     """Attention over q (batch, seqlen_q, nheads, headdim), k and v (batch, seqlen_k, nheads_k, headdim).
 
     nheads % nheads_k == 0 gives MQA/GQA. causal=True aligns the mask to the bottom-right corner.
     window_size=(left, right) limits query i to keys i + Sk - Sq - left .. i + Sk - Sq + right (-1: unbounded);
     softcap > 0 caps the scores at softcap * tanh(score / softcap); alibi_slopes (nheads,) or (batch, nheads)
     float32 subtracts slope * |i + Sk - Sq - j|; learnable_sink (nheads,) float32 adds one logit per head to
-    every row's softmax denominator (gpt-oss's attention sinks), with its gradient.
+    every row's softmax denominator (gpt-oss's attention sinks), with its gradient. `out`, if given (q's shape
+    and dtype), receives the output (the forward's result copied in: one more pass over the output).
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse, None) with return_attn_probs.
     """
     _reject_dropout(dropout_p)
     return _attention(q, k, v, softmax_scale, causal, return_attn_probs, config, deterministic, window_size, softcap,
-                      alibi_slopes, learnable_sink)
+                      alibi_slopes, learnable_sink, out)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -76,23 +86,23 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                       window_size, softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink, seqused_q,
-                      seqused_k, config):
-    out, softmax_lse = forward_op(q, k, v, softmax_scale, causal, config, deterministic, *_window_pair(window_size),
-                                  float(softcap), alibi_slopes, learnable_sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                  max_seqlen_k, seqused_q, seqused_k)
+                      seqused_k, config, out=None):
+    out, softmax_lse = _forward(out, q, k, v, softmax_scale, causal, config, deterministic, *_window_pair(window_size),
+                                float(softcap), alibi_slopes, learnable_sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, seqused_q, seqused_k)
     return (out, softmax_lse, None) if return_attn_probs else out
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                            alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None, *,
-                           learnable_sink=None, seqused_q=None, seqused_k=None, config=None):
+                           learnable_sink=None, seqused_q=None, seqused_k=None, config=None, out=None):
     """Attention over a packed batch: q (total_q, nheads, headdim), k and v (total_k, nheads_k, headdim),
     sequence b being rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q (int32 (batch + 1,), starting at 0) and
     likewise of k/v. Causal and windows are aligned bottom-right within each sequence. seqused_q/k (int32
     (batch,)): only the first seqused[b] tokens of each sequence take part (FlashAttention-3's). Returns out
     (total_q, nheads, headdim), or (out, softmax_lse (nheads, total_q), None) with return_attn_probs. The other
-    arguments as in flash_attn_func.
+    arguments (`out` too) as in flash_attn_func.
 
     With block_table (int32 (batch, max_blocks)), k and v are a paged KV cache (num_blocks, page_size, nheads_k,
     headdim), page_size a multiple of 16, as vLLM's FlashAttention backend calls it: sequence b's keys are its
@@ -110,7 +120,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
         k, v, max_seqlen_k = keys.flatten(0, 1), values.flatten(0, 1), capacity
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                              window_size, softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink,
-                             seqused_q, seqused_k, config)
+                             seqused_q, seqused_k, config, out)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,

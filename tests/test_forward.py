@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+import flashop
+
 from conftest import DEVICES, assert_cuda_refuses, cuda_cannot_run
 from reference import assert_close_to_reference, attention_reference
 
@@ -114,3 +116,39 @@ def test_hopper_family_runs_by_default_on_sm90(headdim):
     q, k, v = make_qkv((2, 300, 277, 4, 2, headdim), torch.bfloat16, "cuda")
     assert dispatch.config_for(q, k, True, "forward").startswith("sm90.")
     check_forward(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seqlen_q", [1, 70])  # the decode kernels (CUDA) and the tiled ones
+def test_preallocated_out(device, seqlen_q):
+    """flash_attn_func(out=) and flash_attn_varlen_func(out=): the given tensor comes back holding the output of
+    the call without it (a strided view too, nothing around it touched); gradients flow through it; a wrong
+    shape or dtype is named, under torch.compile too."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q, k, v = make_qkv((2, seqlen_q, 90, 4, 2, 64), dtype, device)
+    expected = flashop.flash_attn_func(q, k, v, causal=True)
+    storage = torch.full((2, seqlen_q, 4, 80), float("nan"), dtype=dtype, device=device)
+    out = storage[..., :64]
+    assert flashop.flash_attn_func(q, k, v, causal=True, out=out) is out
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    assert torch.isnan(storage[..., 64:]).all()
+
+    cu_q = torch.tensor([0, seqlen_q, 2 * seqlen_q], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 90, 180], dtype=torch.int32, device=device)
+    packed = flashop.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, seqlen_q,
+                                            90, causal=True, out=torch.empty_like(q).flatten(0, 1))
+    torch.testing.assert_close(packed, expected.flatten(0, 1), atol=0, rtol=0)
+
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    grad = torch.randn_like(q)
+    flashop.flash_attn_func(*leaves, causal=True, out=torch.empty_like(q)).backward(grad)
+    want = torch.autograd.grad(flashop.flash_attn_func(*leaves, causal=True), leaves, grad)
+    for got, ref in zip((t.grad for t in leaves), want):
+        torch.testing.assert_close(got, ref, atol=0, rtol=0)
+
+    with pytest.raises(RuntimeError, match="out must have the shape of q"):
+        flashop.flash_attn_func(q, k, v, out=out[:1])
+    compiled = torch.compile(flashop.flash_attn_func, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v, causal=True, out=torch.empty_like(q)), expected, atol=0, rtol=0)
+    with pytest.raises(Exception, match="out must have the dtype of q"):
+        compiled(q, k, v, out=out.double())

@@ -37,3 +37,5 @@ def test_opcheck_forward_and_backward(device, case):
     dout = torch.randn_like(out)
     torch.library.opcheck(torch.ops.flashop.backward.default,
                           (dout, q.detach(), k.detach(), v.detach(), out, lse, 0.2, causal, None))
+    torch.library.opcheck(torch.ops.flashop.forward.with_out, (q.detach(), k.detach(), v.detach(), None, causal, None),
+                          {"out": torch.empty_like(out)})
