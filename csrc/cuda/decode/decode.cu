@@ -2,6 +2,7 @@
 // and 256 (a headdim up to the width, a multiple of 8), up to 8 query rows per KV head.
 #include <atomic>
 
+#include "../kernel_attributes.h"
 #include "decode.h"
 #include "decode_kernel.cuh"
 
@@ -14,18 +15,8 @@ static_assert(kMaxRows == kRowsPerGroup, "the launcher's row limit is the kernel
 // Dynamic shared memory beyond 48 KiB must be opted into, per device and kernel.
 template <typename T, int kWidth>
 cudaError_t configure() {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  static std::atomic<unsigned long long> configured{0};  // one bit per device
-  const unsigned long long bit = dev < 64 ? (1ull << dev) : 0ull;
-  if (bit == 0 || (configured.load(std::memory_order_acquire) & bit) == 0) {
-    err = cudaFuncSetAttribute(decode_kernel<T, kWidth>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(DecodeSmem<kWidth>::kBytes));
-    if (err != cudaSuccess) return err;
-    configured.fetch_or(bit, std::memory_order_acq_rel);
-  }
-  return cudaSuccess;
+  static std::atomic<unsigned long long> configured{0};
+  return set_kernel_smem_once(configured, decode_kernel<T, kWidth>, int(DecodeSmem<kWidth>::kBytes));
 }
 
 template <typename T, int kWidth>

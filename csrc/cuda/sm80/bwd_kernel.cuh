@@ -78,11 +78,13 @@
 
 #pragma once
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
 #include "../bwd_config.h"
 #include "../bwd_params.h"
+#include "../kernel_attributes.h"
 #include "ptx.cuh"
 #include "tiles.cuh"
 
@@ -1060,8 +1062,10 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
                       : var == kBwdScoreMod ? &bwd_main_kernel<Cfg, kBwdScoreMod>
                       : var == kBwdLeft   ? &bwd_main_kernel<Cfg, kBwdLeft>
                                           : &bwd_main_kernel<Cfg, kBwdDense>;
-  if (kSmem > 48 * 1024) {
-    err = cudaFuncSetAttribute(main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+  if (kSmem > 48 * 1024) {  // dynamic shared memory beyond 48 KiB must be opted into
+    static std::atomic<unsigned long long> configured[4] = {{0}, {0}, {0}, {0}};
+    const int which = p.packed.packed() ? 3 : var == kBwdScoreMod ? 2 : var == kBwdLeft ? 1 : 0;
+    err = set_kernel_smem_once(configured[which], main_kernel, int(kSmem));
     if (err != cudaSuccess) return err;
   }
   main_kernel<<<dim3(g.main[0], g.main[1], g.main[2]), Cfg::kThreads, kSmem, stream>>>(p);

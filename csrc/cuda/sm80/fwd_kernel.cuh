@@ -27,8 +27,9 @@
 #include <atomic>
 #include <cstdint>
 
-#include "../fwd_params.h"
 #include "../fwd_config.h"
+#include "../fwd_params.h"
+#include "../kernel_attributes.h"
 #include "ptx.cuh"
 #include "tiles.cuh"
 
@@ -644,18 +645,10 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
                  : partial ? (mod ? &fwd_kernel<Cfg, true, true, false> : &fwd_kernel<Cfg, true, false, false>)
                            : (mod ? &fwd_kernel<Cfg, false, true, false> : &fwd_kernel<Cfg, false, false, false>);
   const int which = packed ? 4 + int(partial) : 2 * int(partial) + int(mod);
-  if (kSmem > 48 * 1024) {
-    // Dynamic shared memory beyond 48 KiB must be opted into, per device and kernel.
-    int dev = 0;
-    cudaError_t err = cudaGetDevice(&dev);
+  if (kSmem > 48 * 1024) {  // dynamic shared memory beyond 48 KiB must be opted into
+    static std::atomic<unsigned long long> configured[6] = {{0}, {0}, {0}, {0}, {0}, {0}};
+    const cudaError_t err = set_kernel_smem_once(configured[which], kernel, kSmem);
     if (err != cudaSuccess) return err;
-    static std::atomic<unsigned long long> configured[6] = {{0}, {0}, {0}, {0}, {0}, {0}};  // one bit per device
-    const unsigned long long bit = dev < 64 ? (1ull << dev) : 0ull;
-    if (bit == 0 || (configured[which].load(std::memory_order_acquire) & bit) == 0) {
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      if (err != cudaSuccess) return err;
-      configured[which].fetch_or(bit, std::memory_order_acq_rel);
-    }
   }
   const dim3 grid(ceil_div(p.seqlen_q, Cfg::kBlockM), p.heads_q, p.batch);
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(p);

@@ -8,8 +8,10 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
+#include "../kernel_attributes.h"
 #include "../sm80/bwd_kernel.cuh"
 #include "bwd_kernel.cuh"
 #include "registry_sm90.cuh"
@@ -29,7 +31,8 @@ cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUt
     else if constexpr (K::kWide) return bwd_kernel_sm90_wide<K>;
     else return bwd_kernel_sm90<K>;
   }();
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
+  static std::atomic<unsigned long long> configured{0};
+  const cudaError_t err = set_kernel_smem_once(configured, kernel, K::kSmemBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid((p.seqlen_k + K::kBlockN - 1) / K::kBlockN, p.heads_k, p.batch);
   kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, tdo, p);

@@ -10,8 +10,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
+#include "../kernel_attributes.h"
 #include "fwd_kernel.cuh"
 #include "registry_sm90.cuh"
 #include "tensor_maps.h"
@@ -193,8 +195,8 @@ cudaError_t launch_kernel(const FwdParams& p, const Sm90FwdPlan& plan, const CUt
   cudaError_t err = cudaSuccess;
   if constexpr (!K::kTmaStore) {
     auto kernel = fwd_kernel_sm90<K>;
-    // The attribute is per device; setting it on every launch is cheap and safe.
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
+    static std::atomic<unsigned long long> configured{0};
+    err = set_kernel_smem_once(configured, kernel, K::kSmemBytes);
     if (err != cudaSuccess) return err;
     kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, p);
   } else {
@@ -211,11 +213,9 @@ cudaError_t launch_kernel(const FwdParams& p, const Sm90FwdPlan& plan, const CUt
                       p.headdim, p.o_batch_stride, p.o_row_stride, p.o_head_stride, K::kOStageRows, K::kColBlock);
     if (err != cudaSuccess) return err;
     auto kernel = fwd_kernel_sm90_tmao<K>;
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
     // B_r = 64 is sized for two or three CTAs per SM: ask for the largest shared-memory carveout so they fit.
-    if (err == cudaSuccess && K::kCtasPerSm > 1)
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
+    static std::atomic<unsigned long long> configured{0};
+    err = set_kernel_smem_once(configured, kernel, K::kSmemBytes, K::kCtasPerSm > 1);
     if (err != cudaSuccess) return err;
     if (cluster_pairs) {
       // blockIdx.x 2i and 2i+1 (query tiles n-1-2i and n-2-2i, fwd_kernel.cuh; split last wave: the same
