@@ -42,4 +42,15 @@ inline void gemm_f32(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, 
   at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add_C, A, B, C, /*is_vnni=*/false);
 }
 
+// C[M,N] = A[M,K] B^T with B row-major [N,K] (row stride ldb): keys read in place, one product per key tile.
+// Only where blas_sgemm_used(), with every size below 2^31 (the caller checks).
+inline void gemm_f32_bt(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, const float* A,
+                        const float* B, float* C) {
+  if (M == 0 || N == 0) return;
+  // Column-major BLAS: C^T[N,M] = B[N,K] A^T[K,M]; row-major B is B^T column-major, hence "T".
+  const int m = int(N), n = int(M), k = int(K), ld_b = int(ldb), ld_a = int(lda), ld_c = int(ldc);
+  const float alpha = 1.f, beta = 0.f;
+  sgemm_("T", "N", &m, &n, &k, &alpha, B, &ld_b, A, &ld_a, &beta, C, &ld_c);
+}
+
 }  // namespace flashop::cpu::FLASHOP_CPU_ISA_NAMESPACE

@@ -105,17 +105,26 @@ class PackedKV {
   static constexpr bool kVnni = !std::is_same_v<GemmT, float>;
 
   // Inputs of type T (T == GemmT, or 16-bit T widened to float). Params has the
-  // fields of AttentionParams used here.
+  // fields of AttentionParams used here. key_in_place: the caller reads keys in place (gemm_f32_bt) where
+  // their rows allow; keys_in_place() says whether they do.
   template <typename T, typename Params>
-  void pack(const Params& p, bool value_in_place) {
+  void pack(const Params& p, bool value_in_place, bool key_in_place = false) {
     static_assert(std::is_same_v<T, GemmT> || std::is_same_v<GemmT, float>);
     B_ = p.batch, Hk_ = p.heads_k, Sk_ = p.seqlen_k, D_ = p.headdim;
     n_kblocks_ = (Sk_ + kKeyBlock - 1) / kKeyBlock;
     sk_pad_ = n_kblocks_ * kKeyBlock;
     n_dblocks_ = (D_ + kValueBlock - 1) / kValueBlock;
-    keys_.reset(B_ * Hk_ * sk_pad_ * D_);
     const T* k = static_cast<const T*>(p.k);
     const T* v = static_cast<const T*>(p.v);
+    k_in_place_ = key_in_place && std::is_same_v<T, GemmT> && !kVnni && (Sk_ == 1 || p.k_row_stride >= D_) &&
+                  p.k_row_stride < (int64_t(1) << 31) && D_ < (int64_t(1) << 31);
+    if (k_in_place_) {
+      k_direct_ = reinterpret_cast<const GemmT*>(k);
+      k_batch_stride_ = p.k_batch_stride, k_head_stride_ = p.k_head_stride;
+      k_ld_ = Sk_ == 1 ? D_ : p.k_row_stride;
+    } else {
+      keys_.reset(B_ * Hk_ * sk_pad_ * D_);
+    }
     // V's rows must be a valid leading dimension to be read in place.
     v_in_place_ = value_in_place && !kVnni && (Sk_ == 1 || p.v_row_stride >= D_);
     if (v_in_place_) {
@@ -127,6 +136,7 @@ class PackedKV {
       v_ld_ = D_;
     }
 
+    if (k_in_place_ && v_in_place_) return;
     at::parallel_for(0, B_ * Hk_ * n_kblocks_, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const int64_t bh = t / n_kblocks_, kb = t % n_kblocks_;
@@ -134,7 +144,7 @@ class PackedKV {
         const int64_t j0 = kb * kKeyBlock, n = std::min(kKeyBlock, Sk_ - j0);
         const T* ksrc = k + b * p.k_batch_stride + hk * p.k_head_stride + j0 * p.k_row_stride;
         const T* vsrc = v + b * p.v_batch_stride + hk * p.v_head_stride + j0 * p.v_row_stride;
-        pack_key_block(ksrc, p.k_row_stride, n, keys_.data() + (bh * n_kblocks_ + kb) * kKeyBlock * D_);
+        if (!k_in_place_) pack_key_block(ksrc, p.k_row_stride, n, keys_.data() + (bh * n_kblocks_ + kb) * kKeyBlock * D_);
         if (v_in_place_) continue;
         if constexpr (kVnni) {
           pack_value_rows(vsrc, p.v_row_stride, n, bh, j0);
@@ -154,6 +164,12 @@ class PackedKV {
 
   // Reduction depth of S = Q K^T (headdim).
   int64_t k_depth() const { return D_; }
+  // Keys read in place (pack's key_in_place): rows from key j0, leading dimension k_ld().
+  bool keys_in_place() const { return k_in_place_; }
+  const GemmT* key_rows(int64_t b, int64_t hk, int64_t j0) const {
+    return k_direct_ + b * k_batch_stride_ + hk * k_head_stride_ + j0 * k_ld_;
+  }
+  int64_t k_ld() const { return k_ld_; }
   const GemmT* key_block(int64_t b, int64_t hk, int64_t kb) const {
     return keys_.data() + ((b * Hk_ + hk) * n_kblocks_ + kb) * kKeyBlock * D_;
   }
@@ -250,6 +266,9 @@ class PackedKV {
   bool v_in_place_ = false;
   const GemmT* v_direct_ = nullptr;
   int64_t v_batch_stride_ = 0, v_head_stride_ = 0, v_ld_ = 0;
+  bool k_in_place_ = false;
+  const GemmT* k_direct_ = nullptr;
+  int64_t k_batch_stride_ = 0, k_head_stride_ = 0, k_ld_ = 0;
 };
 
 }  // namespace flashop::cpu::FLASHOP_CPU_ISA_NAMESPACE
