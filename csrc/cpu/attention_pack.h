@@ -144,7 +144,9 @@ class PackedKV {
         const int64_t j0 = kb * kKeyBlock, n = std::min(kKeyBlock, Sk_ - j0);
         const T* ksrc = k + b * p.k_batch_stride + hk * p.k_head_stride + j0 * p.k_row_stride;
         const T* vsrc = v + b * p.v_batch_stride + hk * p.v_head_stride + j0 * p.v_row_stride;
-        if (!k_in_place_) pack_key_block(ksrc, p.k_row_stride, n, keys_.data() + (bh * n_kblocks_ + kb) * kKeyBlock * D_);
+        if (!k_in_place_) {
+          pack_key_block(ksrc, p.k_row_stride, n, keys_.data() + (bh * n_kblocks_ + kb) * kKeyBlock * D_);
+        }
         if (v_in_place_) continue;
         if constexpr (kVnni) {
           pack_value_rows(vsrc, p.v_row_stride, n, bh, j0);
