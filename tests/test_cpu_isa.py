@@ -23,6 +23,8 @@ SUPPORTED = flashop._C.cpu_isas_supported()
 CASES = [
     ("causal-gqa", (2, 150, 150, 8, 2, 64), dict(causal=True)),
     ("window-softcap-alibi", (2, 97, 170, 4, 4, 40), dict(window_size=(48, 8), softcap=15.0, alibi=True)),
+    # Several query and key tiles of every copy's backward, tiles outside the window skipped.
+    ("window-tiles", (1, 300, 700, 2, 1, 64), dict(window_size=(150, 30))),
 ]
 DTYPES = [torch.float32, torch.bfloat16]
 

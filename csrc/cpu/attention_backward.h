@@ -13,6 +13,7 @@
 
 #include "attention_kernels.h"
 
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -109,14 +110,17 @@ inline std::pair<const float*, int64_t> float_rows(const T* src, int64_t ld, int
 
 template <typename T>
 void backward_impl(const BackwardParams& p) {
-  using Tiles = BackwardTiles;
-  constexpr int64_t BQ = Tiles::block_q, BK = Tiles::block_k;
   const int64_t B = p.batch, Sq = p.seqlen_q, Sk = p.seqlen_k, Hq = p.heads_q, Hk = p.heads_k, D = p.headdim;
   const int64_t G = Hq / Hk;
   const float scale = p.softmax_scale;
   const AttentionVariants& var = p.variants;
   const KeyWindow window = key_window(p);
   const bool logits = var.softcap > 0.f || var.alibi_slopes != nullptr;
+  // Through the BLAS sgemm (AVX2, generic) the transposed operands are its transpose flags, K and V read in
+  // place; brgemm (AVX-512) has no such flags, so K^T, V^T, P^T and dS^T are copied there.
+  const bool blas = blas_sgemm_used() &&
+                    fits_blas_int({D, p.q_row_stride, p.dout_row_stride, p.k_row_stride, p.v_row_stride});
+  const int64_t BQ = blas ? kBlasBwdBlockQ : BackwardTiles::block_q, BK = blas ? kBlasBwdBlockK : BackwardTiles::block_k;
   const int64_t n_ktiles = div_up(Sk, BK);
 
   // A task owns the key tiles of one (batch, kv head) whose index is = c mod n_chunks:
@@ -133,8 +137,10 @@ void backward_impl(const BackwardParams& p) {
   at::parallel_for(0, B * Hk * n_chunks, 1, [&](int64_t begin, int64_t end) {
     // Per-thread scratch: O(G * seqlen_q * headdim) for the query side, O(tile) for the rest.
     AlignedBuffer<float> q_buf(widen_q ? group_size : 0), do_buf(widen_do ? group_size : 0), d_rows(G * Sq);
-    AlignedBuffer<float> kt(D * BK), vt(D * BK), k_buf(BK * D), dk_acc(BK * D), dv_acc(BK * D);
-    AlignedBuffer<float> s(BQ * BK), dp(BQ * BK), pt(BK * BQ), dst(BK * BQ), o_row(D), grad(BK);
+    const int64_t transposed = blas ? 0 : 1;  // the copies only brgemm needs
+    AlignedBuffer<float> kt(transposed * D * BK), vt(transposed * D * BK), k_buf(BK * D), v_buf(blas ? BK * D : 0);
+    AlignedBuffer<float> dk_acc(BK * D), dv_acc(BK * D), s(BQ * BK), dp(BQ * BK), o_row(D), grad(BK);
+    AlignedBuffer<float> pt(transposed * BK * BQ), dst(transposed * BK * BQ);
     std::vector<const float*> q_rows(G), do_rows(G);
     std::vector<int64_t> ld_q(G), ld_do(G);
 
@@ -175,9 +181,15 @@ void backward_impl(const BackwardParams& p) {
       for (int64_t kt_idx = chunk; kt_idx < n_ktiles; kt_idx += n_chunks) {
         const int64_t j0 = kt_idx * BK, L = std::min(BK, Sk - j0);
         // K_j^T and V_j^T (headdim x L) are the B operands of S and dP; K_j (L x headdim) of dQ.
-        transpose_to_float(k + j0 * p.k_row_stride, p.k_row_stride, L, D, kt.data(), BK);
-        transpose_to_float(v + j0 * p.v_row_stride, p.v_row_stride, L, D, vt.data(), BK);
         auto [kj, ld_k] = float_rows(k + j0 * p.k_row_stride, p.k_row_stride, L, D, k_buf.data());
+        const float* vj = nullptr;
+        int64_t ld_v = 0;
+        if (blas) {
+          std::tie(vj, ld_v) = float_rows(v + j0 * p.v_row_stride, p.v_row_stride, L, D, v_buf.data());
+        } else {
+          transpose_to_float(k + j0 * p.k_row_stride, p.k_row_stride, L, D, kt.data(), BK);
+          transpose_to_float(v + j0 * p.v_row_stride, p.v_row_stride, L, D, vt.data(), BK);
+        }
         std::fill_n(dk_acc.data(), L * D, 0.f);
         std::fill_n(dv_acc.data(), L * D, 0.f);
 
@@ -194,8 +206,13 @@ void backward_impl(const BackwardParams& p) {
             const int64_t M = std::min(BQ, Sq - q0);
             const float* qi = q_rows[g] + q0 * ld_q[g];
             const float* doi = do_rows[g] + q0 * ld_do[g];
-            gemm_f32(M, L, D, ld_q[g], BK, BK, false, qi, kt.data(), s.data());
-            gemm_f32(M, L, D, ld_do[g], BK, BK, false, doi, vt.data(), dp.data());
+            if (blas) {
+              blas_gemm_f32(false, true, M, L, D, ld_q[g], ld_k, BK, false, qi, kj, s.data());
+              blas_gemm_f32(false, true, M, L, D, ld_do[g], ld_v, BK, false, doi, vj, dp.data());
+            } else {
+              gemm_f32(M, L, D, ld_q[g], BK, BK, false, qi, kt.data(), s.data());
+              gemm_f32(M, L, D, ld_do[g], BK, BK, false, doi, vt.data(), dp.data());
+            }
             const bool full = window.covers(q0, M, j0, L);
             for (int64_t r = 0; r < M; ++r) {
               const int64_t i = q0 + r;
@@ -217,10 +234,15 @@ void backward_impl(const BackwardParams& p) {
               }
             }
             // P^T and dS^T (L x M) are the A operands of dV and dK.
-            transpose(s.data(), BK, M, L, pt.data(), BQ);
-            transpose(dp.data(), BK, M, L, dst.data(), BQ);
-            gemm_f32(L, D, M, BQ, ld_do[g], D, true, pt.data(), doi, dv_acc.data());
-            gemm_f32(L, D, M, BQ, ld_q[g], D, true, dst.data(), qi, dk_acc.data());
+            if (blas) {
+              blas_gemm_f32(true, false, L, D, M, BK, ld_do[g], D, true, s.data(), doi, dv_acc.data());
+              blas_gemm_f32(true, false, L, D, M, BK, ld_q[g], D, true, dp.data(), qi, dk_acc.data());
+            } else {
+              transpose(s.data(), BK, M, L, pt.data(), BQ);
+              transpose(dp.data(), BK, M, L, dst.data(), BQ);
+              gemm_f32(L, D, M, BQ, ld_do[g], D, true, pt.data(), doi, dv_acc.data());
+              gemm_f32(L, D, M, BQ, ld_q[g], D, true, dst.data(), qi, dk_acc.data());
+            }
             gemm_f32(M, D, L, BK, ld_k, D, true, dp.data(), kj, dq_part + (g * Sq + q0) * D);
           }
         }

@@ -10,6 +10,7 @@
 #include <ATen/native/CPUBlas.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
@@ -27,30 +28,33 @@ inline bool blas_sgemm_used() {
 #endif
 }
 
+// Whether every size of a product fits the BLAS's int arguments.
+inline bool fits_blas_int(std::initializer_list<int64_t> sizes) {
+  for (int64_t n : sizes) {
+    if (n > std::numeric_limits<int>::max()) return false;
+  }
+  return true;
+}
+
+// Row-major C[M,N] (+)= op(A) op(B) through the BLAS sgemm_: op(A) is A[M,K] or, with trans_a, A[K,M]^T; op(B)
+// is B[K,N] or, with trans_b, B[N,K]^T, each read in place (row strides lda, ldb). Only where blas_sgemm_used()
+// and fits_blas_int(every size and stride) (the caller checks).
+inline void blas_gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+                          int64_t ldc, bool add_C, const float* A, const float* B, float* C) {
+  if (M == 0 || N == 0) return;
+  // Column-major BLAS: C^T[N,M] = op(B)^T op(A)^T, a row-major operand being its transpose column-major.
+  const int m = int(N), n = int(M), k = int(K), ld_b = int(ldb), ld_a = int(lda), ld_c = int(ldc);
+  const float alpha = 1.f, beta = add_C ? 1.f : 0.f;
+  sgemm_(trans_b ? "T" : "N", trans_a ? "T" : "N", &m, &n, &k, &alpha, B, &ld_b, A, &ld_a, &beta, C, &ld_c);
+}
+
 inline void gemm_f32(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool add_C,
                      const float* A, const float* B, float* C) {
-  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-  if (blas_sgemm_used() && M <= kIntMax && N <= kIntMax && K <= kIntMax && lda <= kIntMax && ldb <= kIntMax &&
-      ldc <= kIntMax) {
-    if (M == 0 || N == 0) return;
-    // Column-major BLAS: C^T[N,M] = B^T[N,K] A^T[K,M], each row-major operand read as its transpose.
-    const int m = int(N), n = int(M), k = int(K), ld_b = int(ldb), ld_a = int(lda), ld_c = int(ldc);
-    const float alpha = 1.f, beta = add_C ? 1.f : 0.f;
-    sgemm_("N", "N", &m, &n, &k, &alpha, B, &ld_b, A, &ld_a, &beta, C, &ld_c);
+  if (blas_sgemm_used() && fits_blas_int({M, N, K, lda, ldb, ldc})) {
+    blas_gemm_f32(false, false, M, N, K, lda, ldb, ldc, add_C, A, B, C);
     return;
   }
   at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add_C, A, B, C, /*is_vnni=*/false);
-}
-
-// C[M,N] = A[M,K] B^T with B row-major [N,K] (row stride ldb): keys read in place, one product per key tile.
-// Only where blas_sgemm_used(), with every size below 2^31 (the caller checks).
-inline void gemm_f32_bt(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, const float* A,
-                        const float* B, float* C) {
-  if (M == 0 || N == 0) return;
-  // Column-major BLAS: C^T[N,M] = B[N,K] A^T[K,M]; row-major B is B^T column-major, hence "T".
-  const int m = int(N), n = int(M), k = int(K), ld_b = int(ldb), ld_a = int(lda), ld_c = int(ldc);
-  const float alpha = 1.f, beta = 0.f;
-  sgemm_("T", "N", &m, &n, &k, &alpha, B, &ld_b, A, &ld_a, &beta, C, &ld_c);
 }
 
 }  // namespace flashop::cpu::FLASHOP_CPU_ISA_NAMESPACE

@@ -105,7 +105,7 @@ class PackedKV {
   static constexpr bool kVnni = !std::is_same_v<GemmT, float>;
 
   // Inputs of type T (T == GemmT, or 16-bit T widened to float). Params has the
-  // fields of AttentionParams used here. key_in_place: the caller reads keys in place (gemm_f32_bt) where
+  // fields of AttentionParams used here. key_in_place: the caller reads keys in place (blas_gemm_f32) where
   // their rows allow; keys_in_place() says whether they do.
   template <typename T, typename Params>
   void pack(const Params& p, bool value_in_place, bool key_in_place = false) {
