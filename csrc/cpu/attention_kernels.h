@@ -385,12 +385,12 @@ struct ForwardTask {
       const int64_t len_pad = div_up(len, kKeyBlock) * kKeyBlock;
 
       // S = Q K^T: one product over the keys read in place, or one brgemm per packed block of kKeyBlock keys.
-      if constexpr (path == GemmPath::kFloat) {
-        if (kv.keys_in_place()) {
+      if constexpr (path != GemmPath::kVnni) {
+        if (kv.keys_as_rows()) {
           blas_gemm_f32(false, true, rows, len, D, lda, kv.k_ld(), ldS, false, qa, kv.key_rows(b, hk, j0), s);
         }
       }
-      if (!kv.keys_in_place()) {
+      if (!kv.keys_as_rows()) {
         for (int64_t kb = 0; kb < len_pad; kb += kKeyBlock) {
           const GemmT* key_block = kv.key_block(b, hk, (j0 + kb) / kKeyBlock);
           if constexpr (path == GemmPath::kVnni) {
@@ -492,14 +492,15 @@ void forward_impl(const AttentionParams& p) {
   using GemmT = std::conditional_t<path == GemmPath::kVnni, T, float>;
   const int64_t B = p.batch, Hq = p.heads_q, Sq = p.seqlen_q, D = p.headdim;
 
-  // fp32 through the BLAS sgemm (AVX2, generic): keys read in place, one product per key tile, and query
-  // tiles of kBlasBlockQ rows, as torch's CPU kernel takes for fp32 (fewer, larger products: the fp32
-  // non-causal forward about 1.0x torch's under AVX2 on 2 cores, 0.9x with packed keys and 64-row tiles).
-  // brgemm keeps packed keys and block_q.
-  const bool blas = path == GemmPath::kFloat && blas_sgemm_used();
+  // fp32 products through the BLAS sgemm (AVX2, generic): keys as rows (in place, or widened once), one
+  // product per key tile, and query tiles of kBlasBlockQ rows, as torch's CPU kernel takes for fp32 (fewer,
+  // larger products: the fp32 non-causal forward about 1.0x torch's under AVX2 on 2 cores, 0.9x with packed
+  // keys and 64-row tiles). brgemm keeps packed keys and block_q.
+  const bool blas = path != GemmPath::kVnni && blas_sgemm_used() &&
+                    fits_blas_int({D, p.q_row_stride, p.k_row_stride, p.v_row_stride});
   const int64_t block_q = blas ? kBlasBlockQ : Tiles::block_q;
   PackedKV<GemmT> kv;
-  kv.template pack<T>(p, /*value_in_place=*/path == GemmPath::kFloat, /*key_in_place=*/blas);
+  kv.template pack<T>(p, /*value_in_place=*/path == GemmPath::kFloat, /*key_rows=*/blas);
 
   const int64_t n_qtiles = div_up(Sq, block_q);
   at::parallel_for(0, B * Hq * n_qtiles, 1, [&](int64_t begin, int64_t end) {

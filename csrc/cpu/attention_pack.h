@@ -105,10 +105,11 @@ class PackedKV {
   static constexpr bool kVnni = !std::is_same_v<GemmT, float>;
 
   // Inputs of type T (T == GemmT, or 16-bit T widened to float). Params has the
-  // fields of AttentionParams used here. key_in_place: the caller reads keys in place (blas_gemm_f32) where
-  // their rows allow; keys_in_place() says whether they do.
+  // fields of AttentionParams used here. key_rows (fp32 products only): the caller reads keys as rows
+  // (blas_gemm_f32 with B transposed), in place where their rows allow, else widened or copied into rows;
+  // otherwise keys are packed into K^T blocks of kKeyBlock keys.
   template <typename T, typename Params>
-  void pack(const Params& p, bool value_in_place, bool key_in_place = false) {
+  void pack(const Params& p, bool value_in_place, bool key_rows = false) {
     static_assert(std::is_same_v<T, GemmT> || std::is_same_v<GemmT, float>);
     B_ = p.batch, Hk_ = p.heads_k, Sk_ = p.seqlen_k, D_ = p.headdim;
     n_kblocks_ = (Sk_ + kKeyBlock - 1) / kKeyBlock;
@@ -116,12 +117,16 @@ class PackedKV {
     n_dblocks_ = (D_ + kValueBlock - 1) / kValueBlock;
     const T* k = static_cast<const T*>(p.k);
     const T* v = static_cast<const T*>(p.v);
-    k_in_place_ = key_in_place && std::is_same_v<T, GemmT> && !kVnni && (Sk_ == 1 || p.k_row_stride >= D_) &&
-                  p.k_row_stride < (int64_t(1) << 31) && D_ < (int64_t(1) << 31);
+    k_rows_ = key_rows && !kVnni;
+    k_in_place_ = k_rows_ && std::is_same_v<T, GemmT> && (Sk_ == 1 || p.k_row_stride >= D_);
     if (k_in_place_) {
       k_direct_ = reinterpret_cast<const GemmT*>(k);
       k_batch_stride_ = p.k_batch_stride, k_head_stride_ = p.k_head_stride;
       k_ld_ = Sk_ == 1 ? D_ : p.k_row_stride;
+    } else if (k_rows_) {
+      keys_.reset(B_ * Hk_ * Sk_ * D_);
+      k_direct_ = keys_.data();
+      k_batch_stride_ = Hk_ * Sk_ * D_, k_head_stride_ = Sk_ * D_, k_ld_ = D_;
     } else {
       keys_.reset(B_ * Hk_ * sk_pad_ * D_);
     }
@@ -144,21 +149,18 @@ class PackedKV {
         const int64_t j0 = kb * kKeyBlock, n = std::min(kKeyBlock, Sk_ - j0);
         const T* ksrc = k + b * p.k_batch_stride + hk * p.k_head_stride + j0 * p.k_row_stride;
         const T* vsrc = v + b * p.v_batch_stride + hk * p.v_head_stride + j0 * p.v_row_stride;
-        if (!k_in_place_) {
+        if (k_rows_) {
+          if constexpr (!kVnni) {
+            if (!k_in_place_) copy_rows(ksrc, p.k_row_stride, n, keys_.data() + (bh * Sk_ + j0) * D_);
+          }
+        } else {
           pack_key_block(ksrc, p.k_row_stride, n, keys_.data() + (bh * n_kblocks_ + kb) * kKeyBlock * D_);
         }
         if (v_in_place_) continue;
         if constexpr (kVnni) {
           pack_value_rows(vsrc, p.v_row_stride, n, bh, j0);
         } else {
-          float* dst = values_.data() + (bh * Sk_ + j0) * D_;
-          for (int64_t r = 0; r < n; ++r) {
-            if constexpr (std::is_same_v<T, float>) {
-              std::memcpy(dst + r * D_, vsrc + r * p.v_row_stride, D_ * sizeof(float));
-            } else {
-              at::vec::convert(vsrc + r * p.v_row_stride, dst + r * D_, D_);
-            }
-          }
+          copy_rows(vsrc, p.v_row_stride, n, values_.data() + (bh * Sk_ + j0) * D_);
         }
       }
     });
@@ -166,8 +168,8 @@ class PackedKV {
 
   // Reduction depth of S = Q K^T (headdim).
   int64_t k_depth() const { return D_; }
-  // Keys read in place (pack's key_in_place): rows from key j0, leading dimension k_ld().
-  bool keys_in_place() const { return k_in_place_; }
+  // Keys as rows (pack's key_rows): rows from key j0, leading dimension k_ld().
+  bool keys_as_rows() const { return k_rows_; }
   const GemmT* key_rows(int64_t b, int64_t hk, int64_t j0) const {
     return k_direct_ + b * k_batch_stride_ + hk * k_head_stride_ + j0 * k_ld_;
   }
@@ -191,6 +193,18 @@ class PackedKV {
   int64_t v_ld() const { return v_ld_; }
 
  private:
+  // n rows of headdim elements (row stride ld) -> n contiguous fp32 rows.
+  template <typename T>
+  void copy_rows(const T* src, int64_t ld, int64_t n, float* dst) const {
+    for (int64_t r = 0; r < n; ++r) {
+      if constexpr (std::is_same_v<T, float>) {
+        std::memcpy(dst + r * D_, src + r * ld, D_ * sizeof(float));
+      } else {
+        at::vec::convert(src + r * ld, dst + r * D_, D_);
+      }
+    }
+  }
+
   // n (<= kKeyBlock) key rows -> one K^T block; keys n.. are zero.
   template <typename T>
   void pack_key_block(const T* src, int64_t ld, int64_t n, GemmT* dst) const {
@@ -268,7 +282,7 @@ class PackedKV {
   bool v_in_place_ = false;
   const GemmT* v_direct_ = nullptr;
   int64_t v_batch_stride_ = 0, v_head_stride_ = 0, v_ld_ = 0;
-  bool k_in_place_ = false;
+  bool k_rows_ = false, k_in_place_ = false;
   const GemmT* k_direct_ = nullptr;
   int64_t k_batch_stride_ = 0, k_head_stride_ = 0, k_ld_ = 0;
 };
