@@ -64,7 +64,7 @@ struct BackwardTiles {
 static_assert(ForwardTiles::block_k % kKeyBlock == 0, "key tiles are made of whole packed key blocks");
 constexpr int64_t kBlasBlockQ = 256;  // forward query tile of the fp32 BLAS path (forward_impl)
 // Backward tiles of the BLAS path (backward_impl): larger than brgemm's, since each sgemm_ call packs its
-// operands (fp32 forward+backward 1.04-1.11x torch's under AVX2 on 2 cores with these, 0.95-1.07x at 64 x 128).
+// operands (docs/kernels.md gives the measured gain).
 constexpr int64_t kBlasBwdBlockQ = 128, kBlasBwdBlockK = 256;
 
 namespace detail {
