@@ -72,7 +72,8 @@ def test_rotary_matches_complex_rotation():
     offsets = torch.tensor([0, 4])
     for interleaved in (False, True):
         got = rotary.apply_rotary_emb(x, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
-        torch.testing.assert_close(got.double(), rotary_reference(x, cos, sin, offsets.tolist(), interleaved))
+        # got is float32: compared at float32's tolerances (a pair can cancel to a small value).
+        torch.testing.assert_close(got, rotary_reference(x, cos, sin, offsets.tolist(), interleaved).float())
         assert torch.equal(got[..., rotary_dim:], x[..., rotary_dim:])
 
 
