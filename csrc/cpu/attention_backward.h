@@ -120,7 +120,8 @@ void backward_impl(const BackwardParams& p) {
   // place; brgemm (AVX-512) has no such flags, so K^T, V^T, P^T and dS^T are copied there.
   const bool blas = blas_sgemm_used() &&
                     fits_blas_int({D, p.q_row_stride, p.dout_row_stride, p.k_row_stride, p.v_row_stride});
-  const int64_t BQ = blas ? kBlasBwdBlockQ : BackwardTiles::block_q, BK = blas ? kBlasBwdBlockK : BackwardTiles::block_k;
+  const int64_t BQ = blas ? kBlasBwdBlockQ : BackwardTiles::block_q;
+  const int64_t BK = blas ? kBlasBwdBlockK : BackwardTiles::block_k;
   const int64_t n_ktiles = div_up(Sk, BK);
 
   // A task owns the key tiles of one (batch, kv head) whose index is = c mod n_chunks:
@@ -137,10 +138,11 @@ void backward_impl(const BackwardParams& p) {
   at::parallel_for(0, B * Hk * n_chunks, 1, [&](int64_t begin, int64_t end) {
     // Per-thread scratch: O(G * seqlen_q * headdim) for the query side, O(tile) for the rest.
     AlignedBuffer<float> q_buf(widen_q ? group_size : 0), do_buf(widen_do ? group_size : 0), d_rows(G * Sq);
-    const int64_t transposed = blas ? 0 : 1;  // the copies only brgemm needs
-    AlignedBuffer<float> kt(transposed * D * BK), vt(transposed * D * BK), k_buf(BK * D), v_buf(blas ? BK * D : 0);
-    AlignedBuffer<float> dk_acc(BK * D), dv_acc(BK * D), s(BQ * BK), dp(BQ * BK), o_row(D), grad(BK);
-    AlignedBuffer<float> pt(transposed * BK * BQ), dst(transposed * BK * BQ);
+    AlignedBuffer<float> k_buf(BK * D), v_buf(blas ? BK * D : 0), dk_acc(BK * D), dv_acc(BK * D);
+    AlignedBuffer<float> s(BQ * BK), dp(BQ * BK), o_row(D), grad(BK);
+    // The transposed copies brgemm needs: K^T, V^T (headdim x BK), P^T, dS^T (BK x BQ).
+    const int64_t kv_copy = blas ? 0 : D * BK, ps_copy = blas ? 0 : BK * BQ;
+    AlignedBuffer<float> kt(kv_copy), vt(kv_copy), pt(ps_copy), dst(ps_copy);
     std::vector<const float*> q_rows(G), do_rows(G);
     std::vector<int64_t> ld_q(G), ld_do(G);
 
