@@ -384,7 +384,7 @@ struct ForwardTask {
       const int64_t len = std::min(Tiles::block_k, key_end - j0);
       const int64_t len_pad = div_up(len, kKeyBlock) * kKeyBlock;
 
-      // S = Q K^T: one product over the keys read in place, or one brgemm per packed block of kKeyBlock keys.
+      // S = Q K^T: one product over the keys as rows (BLAS), or one brgemm per packed block of kKeyBlock keys.
       if constexpr (path != GemmPath::kVnni) {
         if (kv.keys_as_rows()) {
           blas_gemm_f32(false, true, rows, len, D, lda, kv.k_ld(), ldS, false, qa, kv.key_rows(b, hk, j0), s);
