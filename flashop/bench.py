@@ -78,8 +78,10 @@ METHOD = """\
   batch at the mean length; FLOPs of the causal pairs of each sequence.
 * **Decode** (`--decode`): one query token per sequence over a full KV cache (32 query / 8 KV heads, d128,
   bf16; batch 1, 8 and 64, 4k to 128k cached tokens): `flash_attn_with_kvcache` on a contiguous cache and on
-  pages of 16 and 256 tokens, torch's SDPA with the FLASH and CUDNN backends on the same memory
-  (`enable_gqa`), and a device-to-device copy of the cache as the bandwidth ceiling; GB/s of K/V read.
+  pages of 16 and 256 tokens in random order (the paged calls with `FLASHOP_CHECK_INDICES=0`: without
+  FlashAttention-2's host read of the longest sequence, as in a CUDA graph), torch's SDPA with the FLASH and
+  CUDNN backends on the same memory (`enable_gqa`), and a device-to-device copy of the cache as the bandwidth
+  ceiling; GB/s of K/V read.
 * **Per-call overhead** (`--overhead`): batch 1, 128 tokens, 8 heads, d64 (bf16 on the GPU, float32 on the CPU):
   the wall time of 200 back-to-back calls of `flash_attn_func` and of torch's SDPA (default backend), synchronised
   once at the end, per call (median of 7 rounds); the forward alone and with its backward, each called eagerly
@@ -529,6 +531,15 @@ def _paged(cache, page_size, gen):
     return store, order.view(batch, pages).to(torch.int32)
 
 
+def _without_host_index_read(fn, *args, **kwargs):
+    """fn called as with FLASHOP_CHECK_INDICES=0: a paged call skips FlashAttention-2's host read (a sync)."""
+    saved, flashop.kvcache.CUDA_INDEX_CHECKS = flashop.kvcache.CUDA_INDEX_CHECKS, "none"
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        flashop.kvcache.CUDA_INDEX_CHECKS = saved
+
+
 def run_decode_cases(args) -> list[dict]:
     """One new query token per sequence over a full cache (32 query / 8 KV heads unless --heads, d128, bf16: the
     first of --dtypes/--headdims): flashop.flash_attn_with_kvcache on a contiguous cache and on pages of 16 and 256,
@@ -548,8 +559,8 @@ def run_decode_cases(args) -> list[dict]:
             for page_size in DECODE_PAGES:
                 (k_pages, table), (v_pages, _) = _paged(cache_k, page_size, gen), _paged(cache_v, page_size, gen)
                 attends[f"flashop_page{page_size}"] = (
-                    lambda k_pages=k_pages, v_pages=v_pages, table=table: flashop.flash_attn_with_kvcache(
-                        q, k_pages, v_pages, cache_seqlens=lens, block_table=table))
+                    lambda k_pages=k_pages, v_pages=v_pages, table=table: _without_host_index_read(
+                        flashop.flash_attn_with_kvcache, q, k_pages, v_pages, cache_seqlens=lens, block_table=table))
             for peer, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                 def sdpa(backend=backend):
                     with sdpa_kernel(backend):

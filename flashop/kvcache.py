@@ -10,7 +10,7 @@ rows the batch reads (the paged-cache helpers are flashop/paged.py's, shared wit
 
 The rules of every argument live in flashop/meta.py check_kvcache_arguments (shapes, dtypes, devices: the eager
 kernel and the fake kernel alike) and check_kvcache_values here (index values: eager, on the CPU, and on CUDA
-with FLASHOP_CHECK_INDICES=1).
+as CUDA_INDEX_CHECKS says).
 """
 from __future__ import annotations
 
@@ -25,9 +25,11 @@ _check = meta._check
 forward_op = torch.ops.flashop.forward.default
 # Reading index values on the host stops the CPU until the GPU catches up, every decoding step of every layer,
 # so on CUDA they are the caller's contract (as in FlashAttention): every index is clamped into the cache, and
-# a bad one reaches a wrong row, never memory outside it. FLASHOP_CHECK_INDICES=1 checks them (debugging).
-# The one exception is FlashAttention-2's own: a paged call reads its longest sequence.
-CHECK_CUDA_INDICES = os.environ.get("FLASHOP_CHECK_INDICES", "0") == "1"
+# a bad one reaches a wrong row, never memory outside it. FLASHOP_CHECK_INDICES picks what is read on CUDA:
+#   unset  FlashAttention-2's one read: a paged call's longest sequence, refused past its block table;
+#   1      every index value (debugging);
+#   0      none (serving loops that never sync; a CUDA graph never reads them either).
+CUDA_INDEX_CHECKS = {"1": "all", "0": "none"}.get(os.environ.get("FLASHOP_CHECK_INDICES", ""), "paged")
 
 
 def _host(t):
@@ -136,15 +138,15 @@ def forward_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary
         # device alone (the packed-batch path reads cu_seqlens on the host).
         _check(decode, "flashop: flash_attn_with_kvcache inside a CUDA graph needs the decode kernels: CUDA fp16/bf16, "
                "at most 8 query rows per KV head, a headdim that is a multiple of 8, config=None")
-    elif not q.is_cuda or CHECK_CUDA_INDICES:
+    elif not q.is_cuda or CUDA_INDEX_CHECKS == "all":
         check_kvcache_values(k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                              capacity, seqlen_q, rotates_every_query)
-    elif block_table is not None and cache_seqlens is not None:
+    elif block_table is not None and cache_seqlens is not None and CUDA_INDEX_CHECKS == "paged":
         # FlashAttention-2 reads the longest sequence of a paged call to refuse one past its block table
         # (flash_api.cpp, mha_fwd_kvcache); so does flashop, with the same one read (the rest stays clamped).
         _check_lengths(cache_seqlens.max().view(1).cpu(), 0 if k is None else k.size(1), capacity, True)
-    if block_table is not None:
-        block_table = paged.clamped_table(block_table, k_cache.size(0))
+    if block_table is not None and (k is not None or not decode):
+        block_table = paged.clamped_table(block_table, k_cache.size(0))  # the decode kernels clamp their reads
 
     seqlen_new = 0
     if k is not None:
@@ -159,13 +161,16 @@ def forward_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary
         steps = torch.arange(seqlen_q, device=q.device) if rotates_every_query else q.new_zeros(seqlen_q, dtype=torch.long)
         q = apply_rotary(q, rotary_cos, rotary_sin, cache_seqlens.long()[:, None] + steps, rotary_interleaved)
 
-    end = cache_seqlens + seqlen_new if cache_seqlens is not None else None
     if decode:
-        # Few query rows per KV head: the split-KV decode kernels read the cache in place, paged or not.
+        # Few query rows per KV head: the split-KV decode kernels read the cache in place, paged or not, up to
+        # cache_seqlens + seqlen_new.
         _, left, right = meta.normalize_window(causal, window_size_left, window_size_right, seqlen_q, capacity)
         scale = softmax_scale if softmax_scale is not None else headdim ** -0.5
-        return _C.decode_forward(q, k_cache, v_cache, cache_leftpad, end, cache_batch_idx, block_table, scale, left,
-                                 right, float(softcap), alibi_slopes, learnable_sink, num_splits, out)
+        return _C.decode_forward(q, k_cache, v_cache, cache_leftpad, cache_seqlens, seqlen_new, cache_batch_idx,
+                                 block_table, scale, left, right, float(softcap), alibi_slopes, learnable_sink,
+                                 num_splits, out)
+
+    end = cache_seqlens + seqlen_new if cache_seqlens is not None else None
 
     # Each sequence's visible keys: [leftpad, cache_seqlens + seqlen_new) of its cache rows, as a packed batch
     # over the (batch, capacity) rows: sequence b starts at b * capacity + leftpad and uses its first

@@ -408,7 +408,7 @@ def test_decode_step_replays_in_a_cuda_graph():
 def test_cuda_index_values_unchecked_stay_inside_the_cache(monkeypatch):
     """On CUDA the index values are the caller's contract (no host sync per call): out-of-range cache_seqlens,
     cache_batch_idx, cache_leftpad and block table entries are clamped, so the call returns finite values and
-    the process goes on; with FLASHOP_CHECK_INDICES=1 (flashop.kvcache.CHECK_CUDA_INDICES) they are named."""
+    the process goes on; with FLASHOP_CHECK_INDICES=1 (flashop.kvcache.CUDA_INDEX_CHECKS "all") they are named."""
     device, dtype = "cuda", torch.bfloat16
     q = torch.randn(2, 1, 4, 64, dtype=dtype, device=device)
     cache = torch.randn(2, 64, 2, 64, dtype=dtype, device=device)
@@ -427,13 +427,34 @@ def test_cuda_index_values_unchecked_stay_inside_the_cache(monkeypatch):
         kwargs = dict(dict(q=q, k_cache=cache.clone(), v_cache=cache.clone()), **kwargs)
         for few_rows in (True, False):  # the decode kernels, and the packed-batch forward (10 query rows per head)
             call = dict(kwargs, q=q if few_rows else q.expand(2, 5, 4, 64).contiguous())
-            monkeypatch.setattr(flashop.kvcache, "CHECK_CUDA_INDICES", False)
+            monkeypatch.setattr(flashop.kvcache, "CUDA_INDEX_CHECKS", "none")
             try:
                 out = flashop.flash_attn_with_kvcache(**call)
                 assert torch.isfinite(out.float()).all(), name
             except RuntimeError as err:  # the packed-batch path checks its cu_seqlens on the host
                 assert "cu_seqlens" in str(err) or "seqused" in str(err), (name, str(err))
-            monkeypatch.setattr(flashop.kvcache, "CHECK_CUDA_INDICES", True)
+            monkeypatch.setattr(flashop.kvcache, "CUDA_INDEX_CHECKS", "all")
             with pytest.raises(RuntimeError, match=name):
                 flashop.flash_attn_with_kvcache(**call)
     torch.cuda.synchronize()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("append", [False, True], ids=["cache-only", "append"])
+def test_cuda_paged_call_past_its_block_table(monkeypatch, append):
+    """FlashAttention-2's one host read, the default on CUDA: a paged call whose cache_seqlens + seqlen_new passes
+    its block table's positions is refused, naming block_table. With FLASHOP_CHECK_INDICES=0
+    (CUDA_INDEX_CHECKS "none") nothing is read: the kernels clamp, and the call returns finite values."""
+    device, dtype = "cuda", torch.float16
+    pages = torch.randn(4, 16, 1, 64, dtype=dtype, device=device)
+    table = torch.zeros(1, 1, dtype=torch.int32, device=device)  # 16 positions
+    q = torch.randn(1, 1, 1, 64, dtype=dtype, device=device)
+    new = torch.randn(1, 1, 1, 64, dtype=dtype, device=device) if append else None
+    lens = torch.full((1,), 16 if append else 17, dtype=torch.int32, device=device)
+    call = dict(k=new, v=new, cache_seqlens=lens, block_table=table)
+    monkeypatch.setattr(flashop.kvcache, "CUDA_INDEX_CHECKS", "paged")
+    with pytest.raises(RuntimeError, match="block_table"):
+        flashop.flash_attn_with_kvcache(q, pages.clone(), pages.clone(), **call)
+    monkeypatch.setattr(flashop.kvcache, "CUDA_INDEX_CHECKS", "none")
+    out = flashop.flash_attn_with_kvcache(q, pages.clone(), pages.clone(), **call)
+    assert torch.isfinite(out.float()).all()

@@ -69,7 +69,7 @@ int default_splits(const Device& dev, int resident_per_sm, int64_t ctas, int64_t
 
 std::tuple<at::Tensor, at::Tensor> decode_forward(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-    const std::optional<at::Tensor>& key_begin_in, const std::optional<at::Tensor>& key_end_in,
+    const std::optional<at::Tensor>& key_begin_in, const std::optional<at::Tensor>& key_end_in, int64_t key_end_offset,
     const std::optional<at::Tensor>& cache_batch_idx_in, const std::optional<at::Tensor>& block_table_in,
     double softmax_scale, int64_t window_left, int64_t window_right, double softcap,
     const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks, int64_t num_splits,
@@ -117,6 +117,7 @@ std::tuple<at::Tensor, at::Tensor> decode_forward(
   p.capacity = int(capacity);
   p.key_begin = index_data(key_begin);
   p.key_end = index_data(key_end);
+  p.key_end_offset = int(key_end_offset);
   p.batch = int(batch), p.seqlen_q = int(seqlen_q), p.heads_q = int(heads_q), p.heads_k = int(heads_k);
   p.head_ratio = int(heads_q / heads_k), p.headdim = int(headdim);
   p.scale = float(softmax_scale);
@@ -144,7 +145,7 @@ void bind_decode(pybind11::module_& m) {
         "Whether the split-KV decode kernels run these inputs (CUDA fp16/bf16, sm80+, headdim a multiple of 8 up "
         "to 256, at most 8 query rows per KV head, 16-byte aligned rows).");
   m.def("decode_forward", &decode_forward, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
-        py::arg("key_begin"), py::arg("key_end"), py::arg("cache_batch_idx"), py::arg("block_table"),
+        py::arg("key_begin"), py::arg("key_end"), py::arg("key_end_offset"), py::arg("cache_batch_idx"), py::arg("block_table"),
         py::arg("softmax_scale"), py::arg("window_left"), py::arg("window_right"), py::arg("softcap"),
         py::arg("alibi_slopes"), py::arg("sinks"), py::arg("num_splits"), py::arg("out") = py::none(),
         "Split-KV decode over a contiguous or paged KV cache (checked arguments; csrc/cuda/decode/decode_params.h "

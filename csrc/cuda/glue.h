@@ -191,7 +191,7 @@ BackwardEntry mma_sync_backward;
 bool decode_supported(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache);
 std::tuple<at::Tensor, at::Tensor> decode_forward(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const OptTensor& key_begin,
-    const OptTensor& key_end, const OptTensor& cache_batch_idx, const OptTensor& block_table, double softmax_scale,
+    const OptTensor& key_end, int64_t key_end_offset, const OptTensor& cache_batch_idx, const OptTensor& block_table, double softmax_scale,
     int64_t window_left, int64_t window_right, double softcap, const OptTensor& alibi_slopes, const OptTensor& sinks,
     int64_t num_splits, const OptTensor& out);
 

@@ -210,7 +210,7 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(
   if (!config.has_value() && !key.packed && dims.seqlen_k > 0 && decode_supported(q_in, k_in, v_in)) {
     // At most 8 query rows per KV head (decoding through flash_attn_func): the split-KV decode kernels, with k
     // and v as a cache every sequence fills.
-    return decode_forward(q_in, k_in, v_in, std::nullopt, std::nullopt, std::nullopt, std::nullopt, scale,
+    return decode_forward(q_in, k_in, v_in, std::nullopt, std::nullopt, 0, std::nullopt, std::nullopt, scale,
                           variants.window_left, variants.window_right, softcap, alibi_slopes, learnable_sink, 0,
                           std::nullopt);
   }

@@ -98,6 +98,9 @@ bool run_case(const Case& c, unsigned seed) {
   p.num_blocks = num_blocks;
   p.capacity = paged ? pages_per_seq * c.page_size : c.capacity;
   p.key_begin = c.leftpad.empty() ? nullptr : key_begin.data();
+  // The kernel reads key_end[b] + key_end_offset (cache_seqlens and seqlen_new): split the ends so.
+  p.key_end_offset = int(seed % 3);
+  for (int& end : key_end) end -= p.key_end_offset;
   p.key_end = key_end.data();
   p.batch = B, p.seqlen_q = c.Sq, p.heads_q = c.Hq, p.heads_k = c.Hk, p.head_ratio = ratio, p.headdim = D;
   p.scale = float(1.0 / std::sqrt(double(D)));
@@ -124,7 +127,8 @@ bool run_case(const Case& c, unsigned seed) {
   emu::launch(emu::Dim3{unsigned(c.splits), unsigned(c.Hk), unsigned(B)}, decode::kThreads,
               decode::DecodeSmem<W>::kBytes, [&] { decode::decode_kernel<T, W>(p); });
   if (c.splits > 1)
-    emu::launch(emu::Dim3{unsigned(rows_total)}, decode::kThreads, 0, [&] { decode::combine_kernel<T, W>(p); });
+    emu::launch(emu::Dim3{unsigned(rows_total)}, decode::kThreads, decode::kCombineSmemBytes,
+                [&] { decode::combine_kernel<T, W>(p); });
   emu::state().check_global_read = nullptr;
 
   // The reference: sequence b's query i (head h) sees relative key j in [0, n) iff the window holds,
@@ -132,7 +136,7 @@ bool run_case(const Case& c, unsigned seed) {
   double max_err = 0, max_lse_err = 0;
   bool bad = bad_read, bad_write = false;
   for (int b = 0; b < B; ++b) {
-    const int end = std::min(std::max(key_end[b], 0), p.capacity), begin = std::min(std::max(key_begin[b], 0), end);
+    const int end = std::min(std::max(key_end[b] + p.key_end_offset, 0), p.capacity), begin = std::min(std::max(key_begin[b], 0), end);
     const int n = end - begin, diag = n - c.Sq;
     for (int h = 0; h < c.Hq; ++h) {
       for (int i = 0; i < c.Sq; ++i) {

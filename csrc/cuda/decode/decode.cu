@@ -11,6 +11,7 @@ namespace decode {
 namespace {
 
 static_assert(kMaxRows == kRowsPerGroup, "the launcher's row limit is the kernel's mma width");
+static_assert(kMaxSplits <= kThreads, "the combine kernel weighs one split per thread");
 
 // Dynamic shared memory beyond 48 KiB must be opted into, per device and kernel.
 template <typename T, int kWidth>
@@ -19,15 +20,51 @@ cudaError_t configure() {
   return set_kernel_smem_once(configured, decode_kernel<T, kWidth>, int(DecodeSmem<kWidth>::kBytes));
 }
 
+// Whether the combine kernel, as loaded for this device, waits for its prerequisite grid itself (its sm90
+// build does), so that it may be launched as a programmatic dependent of the decode grid.
+template <typename T, int kWidth>
+bool combine_waits() {
+  static std::atomic<int> known[64];  // per device; 0: not asked yet, 1: no, 2: yes
+  int dev = -1;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  int answer = known[dev].load(std::memory_order_relaxed);
+  if (answer == 0) {
+    cudaFuncAttributes attributes{};
+    const bool waits =
+        cudaFuncGetAttributes(&attributes, combine_kernel<T, kWidth>) == cudaSuccess && attributes.binaryVersion >= 90;
+    (void)cudaGetLastError();
+    answer = waits ? 2 : 1;
+    known[dev].store(answer, std::memory_order_relaxed);
+  }
+  return answer == 2;
+}
+
 template <typename T, int kWidth>
 cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
   const cudaError_t err = configure<T, kWidth>();
   if (err != cudaSuccess) return err;
   const dim3 grid(p.num_splits, p.heads_k, p.batch);
   decode_kernel<T, kWidth><<<grid, kThreads, DecodeSmem<kWidth>::kBytes, stream>>>(p);
+  const cudaError_t launched = cudaGetLastError();
+  if (launched != cudaSuccess) return launched;
   if (p.num_splits > 1) {
-    const unsigned rows = unsigned(int64_t(p.batch) * p.heads_q * p.seqlen_q);
-    combine_kernel<T, kWidth><<<rows, kThreads, 0, stream>>>(p);
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(int64_t(p.batch) * p.heads_q * p.seqlen_q));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kCombineSmemBytes;
+    config.stream = stream;
+    // The combine's CTAs start while the last splits run, instead of after the decode grid drains.
+    cudaLaunchAttribute dependent;
+    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    dependent.val.programmaticStreamSerializationAllowed = 1;
+    if (combine_waits<T, kWidth>()) {
+      config.attrs = &dependent;
+      config.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&config, combine_kernel<T, kWidth>, p);
   }
   return cudaGetLastError();
 }

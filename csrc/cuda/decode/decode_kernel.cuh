@@ -5,7 +5,7 @@
 //
 //   loads:   blocks of kBlockKeys keys of K and V stream into shared memory through a kStages-deep
 //            cp.async pipeline (16-byte copies, swizzled rows as the mma.sync kernels keep them), each
-//            row's address looked up on its own (paged caches: any page size);
+//            row's address looked up on its own (paged caches: any page size), one block ahead;
 //   scores:  each warp takes 16 keys of a block: S = Q K^T with mma.m16n8k16, the group's (at most 8)
 //            query rows as M (rows 8-15 are zero registers), keys as N;
 //   softmax: every warp keeps its own running max, sum and output per row (no barrier but the
@@ -13,7 +13,8 @@
 //   output:  O^T += V^T P^T, head dimensions as M and the rows as N, so the scores' accumulator is P's
 //            operand as it stands and no register holds a padding row;
 //   splits:  with num_splits > 1 every CTA writes its normalised partial output and log-sum-exp, and
-//            combine_kernel merges the splits of each row (and adds the sink).
+//            combine_kernel merges the splits of each row (and adds the sink), launched on sm90 as a
+//            programmatic dependent so its CTAs are resident when the last split finishes.
 // Plain data in (decode_params.h); every index read from a tensor is clamped into the cache. Built from the
 // sm80 instruction wrappers, so tests/decode_emulator runs it on the CPU emulator as well.
 #pragma once
@@ -71,41 +72,64 @@ FLASHOP_SM80_DEV __half narrow<__half>(float x) { return __float2half_rn(x); }
 template <>
 FLASHOP_SM80_DEV __nv_bfloat16 narrow<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-// Where position `pos` of sequence b lives: (page or cache row, row inside it); K and V share it.
-struct CacheRow {
-  int64_t block, row;
+// How the threads share the copies of a block: thread t copies chunk t % (kWidth / 8) of every
+// (kThreads / (kWidth / 8))-th row from row t / (kWidth / 8), so consecutive lanes read consecutive 16-byte
+// pieces of a row.
+template <int kWidth>
+struct BlockCopies {
+  static constexpr int kChunksPerRow = kWidth / 8;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static constexpr int kPasses = kBlockKeys / kRowsPerPass;
+  static_assert(kThreads % kChunksPerRow == 0 && kBlockKeys % kRowsPerPass == 0, "the threads must share the copies evenly");
 };
-FLASHOP_SM80_DEV CacheRow cache_row_of(const DecodeParams& p, int b, int cache_row, int pos) {
-  if (p.block_table != nullptr) {
-    const int page = clamp_index(p.block_table[b * p.block_table_stride + pos / p.page_size], 0, p.num_blocks - 1);
-    return {page, pos % p.page_size};
+
+// The pages (paged caches) of the rows of one block a thread copies; keys at or past key_end read the
+// sequence's first key instead, which exists, and are zero-filled.
+template <int kWidth>
+struct BlockPages {
+  int page[BlockCopies<kWidth>::kPasses];
+};
+
+FLASHOP_SM80_DEV int source_key(int key, int key_first, int key_end) { return key < key_end ? key : key_first; }
+
+// Looks up the pages of the block starting at key0: global loads whose values are used only when the block
+// is issued, two blocks of work later, so the block table's latency stays hidden.
+template <int kWidth>
+FLASHOP_SM80_DEV void find_pages(const DecodeParams& p, int b, int key0, int key_first, int key_end, int tid,
+                                 BlockPages<kWidth>& pages) {
+  using Copies = BlockCopies<kWidth>;
+  const int row0 = tid / Copies::kChunksPerRow;
+#pragma unroll
+  for (int pass = 0; pass < Copies::kPasses; ++pass) {
+    const int pos = source_key(key0 + row0 + pass * Copies::kRowsPerPass, key_first, key_end);
+    pages.page[pass] = clamp_index(p.block_table[b * p.block_table_stride + pos / p.page_size], 0, p.num_blocks - 1);
   }
-  return {cache_row, pos};
 }
 
-// Issues the copies of keys [key0, key0 + kBlockKeys) of K and V into one stage. Keys at or past key_end
-// and columns at or past headdim are zero-filled (zeros add nothing to a score, and a zero V row times a
-// zero probability stays zero); their source is clamped to the first key and column, which exist. Thread t
-// copies chunk t % (kWidth / 8) of every (kThreads / (kWidth / 8))-th row from row t / (kWidth / 8):
-// consecutive lanes read consecutive 16-byte pieces of a row.
+// Issues the copies of one block's keys (starting at key0; paged: their pages from find_pages) of K and V
+// into a stage. Keys at or past key_end and columns at or past headdim are zero-filled (zeros add nothing
+// to a score, and a zero V row times a zero probability stays zero); their source is an existing key and
+// column.
 template <typename T, int kWidth>
-FLASHOP_SM80_DEV void load_block(const DecodeParams& p, uint32_t stage, const T* k_head, const T* v_head, int b,
-                                 int cache_row, int key0, int key_first, int key_end, int tid) {
+FLASHOP_SM80_DEV void load_block(const DecodeParams& p, uint32_t stage, const T* k_head, const T* v_head,
+                                 int cache_row, int key0, int key_first, int key_end, const BlockPages<kWidth>& pages,
+                                 int tid) {
   using Tile = typename DecodeSmem<kWidth>::Tile;
-  constexpr int kChunksPerRow = kWidth / 8;
-  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-  static_assert(kThreads % kChunksPerRow == 0 && kBlockKeys % kRowsPerPass == 0, "the threads must share the copies evenly");
-  const int chunk = tid % kChunksPerRow, row0 = tid / kChunksPerRow;
+  using Copies = BlockCopies<kWidth>;
+  const int chunk = tid % Copies::kChunksPerRow, row0 = tid / Copies::kChunksPerRow;
   const bool col_valid = chunk * 8 < p.headdim;
+  const bool paged = p.block_table != nullptr;
 #pragma unroll
-  for (int pass = 0; pass < kBlockKeys / kRowsPerPass; ++pass) {
-    const int row = row0 + pass * kRowsPerPass;
+  for (int pass = 0; pass < Copies::kPasses; ++pass) {
+    const int row = row0 + pass * Copies::kRowsPerPass;
     const bool valid = key0 + row < key_end && col_valid;
-    const CacheRow at = cache_row_of(p, b, cache_row, valid ? key0 + row : key_first);
+    const int pos = source_key(key0 + row, key_first, key_end);
+    const int64_t block = paged ? pages.page[pass] : cache_row;
+    const int64_t at = paged ? pos % p.page_size : pos;
     const int col = valid ? chunk * 8 : 0;
     const uint32_t dst = stage + Tile::offset(row, chunk);
-    sm80::cp_async_16(dst, k_head + at.block * p.k_batch_stride + at.row * p.k_row_stride + col, valid);
-    sm80::cp_async_16(dst + Tile::kBytes, v_head + at.block * p.v_batch_stride + at.row * p.v_row_stride + col, valid);
+    sm80::cp_async_16(dst, k_head + block * p.k_batch_stride + at * p.k_row_stride + col, valid);
+    sm80::cp_async_16(dst + Tile::kBytes, v_head + block * p.v_batch_stride + at * p.v_row_stride + col, valid);
   }
 }
 
@@ -123,7 +147,9 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kThreads, 1) decode_kernel(c
   // Rows r = h * seqlen_q + i: query head kv_head * head_ratio + h, query i (rows <= 8: the launcher).
   const int rows = p.head_ratio * p.seqlen_q;
 
-  const int key_end = p.key_end != nullptr ? clamp_index(p.key_end[b], 0, p.capacity) : p.capacity;
+  // The dependent combine grid may be scheduled now; it waits for this grid's results itself.
+  sm80::launch_dependents();
+  const int key_end = p.key_end != nullptr ? clamp_index(p.key_end[b] + p.key_end_offset, 0, p.capacity) : p.capacity;
   const int key_begin = p.key_begin != nullptr ? clamp_index(p.key_begin[b], 0, key_end) : 0;
   const int n_keys = key_end - key_begin;
   // Splits own whole blocks of keys.
@@ -139,10 +165,22 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kThreads, 1) decode_kernel(c
 
   const T* k_head = static_cast<const T*>(p.k) + kv_head * p.k_head_stride;
   const T* v_head = static_cast<const T*>(p.v) + kv_head * p.v_head_stride;
+  auto first_key = [&](int block) { return key_begin + (block_first + block) * kBlockKeys; };
+  // Paged: the pages of the next two blocks to issue, looked up two issues ahead (the first two together).
+  BlockPages<kWidth> pages_next, pages_after;
+  auto find = [&](int block, BlockPages<kWidth>& pages) {
+    if (p.block_table != nullptr && block < my_blocks) {
+      find_pages<kWidth>(p, b, first_key(block), key_begin, key_end, tid, pages);
+    }
+  };
+  find(0, pages_next);
+  find(1, pages_after);
   auto issue = [&](int block) {
     if (block < my_blocks) {
-      load_block<T, kWidth>(p, smem_base + uint32_t(block % kStages) * Smem::kStageBytes, k_head, v_head, b,
-                            cache_row, key_begin + (block_first + block) * kBlockKeys, key_begin, key_end, tid);
+      load_block<T, kWidth>(p, smem_base + uint32_t(block % kStages) * Smem::kStageBytes, k_head, v_head, cache_row,
+                            first_key(block), key_begin, key_end, pages_next, tid);
+      pages_next = pages_after;
+      find(block + 2, pages_after);
     }
     sm80::cp_async_commit();  // one group per block, empty past the end: the waits count blocks
   };
@@ -301,34 +339,62 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kThreads, 1) decode_kernel(c
 }
 
 // Merges the splits of every row: lse = log(sum over splits of exp(lse_s)) (plus the sink), out = sum of
-// exp(lse_s - lse) * out_s. One CTA per row of (B, Hq, Sq).
+// exp(lse_s - lse) * out_s. One CTA per row of (B, Hq, Sq): thread s weighs split s (num_splits <=
+// kThreads), then every thread sums its columns over the splits. Launched as a dependent of the decode grid
+// (sm90: it starts while that grid finishes, and waits for its results here).
+constexpr int kCombineSmemBytes = sizeof(float) * (kThreads + 2 * kWarps);
+
 template <typename T, int kWidth>
 FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kThreads, 1) combine_kernel(const DecodeParams p) {
+  FLASHOP_SM80_DYNAMIC_SMEM(smem);
+  float* weight = reinterpret_cast<float*>(smem);  // [kThreads]: exp(lse_s - lse) of split s
+  float* warp_max = weight + kThreads;             // [kWarps]
+  float* warp_sum = warp_max + kWarps;             // [kWarps]
   const int64_t row = sm80::block_x();
   const int64_t rows_total = int64_t(p.batch) * p.heads_q * p.seqlen_q;
   const int i = int(row % p.seqlen_q), head = int(row / p.seqlen_q % p.heads_q), b = int(row / p.seqlen_q / p.heads_q);
-  float top = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) top = fmaxf(top, p.partial_lse[s * rows_total + row]);
-  float lse = -INFINITY;
-  if (top != -INFINITY) {
-    float sum = 0.f;
-    for (int s = 0; s < p.num_splits; ++s) sum += exp_nonpositive(p.partial_lse[s * rows_total + row] - top);
-    lse = top + logf(sum);
-  }
-  const float keys_lse = lse;
+  const int tid = sm80::thread_x(), lane = tid % 32, warp = tid / 32;
+  sm80::wait_for_prerequisite_grids();
+
+  const float split_lse = tid < p.num_splits ? p.partial_lse[tid * rows_total + row] : -INFINITY;
+  float top = split_lse;
+#pragma unroll
+  for (int mask = 16; mask > 0; mask /= 2) top = fmaxf(top, sm80::shfl_xor(top, mask));
+  if (lane == 0) warp_max[warp] = top;
+  sm80::barrier();
+  top = warp_max[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) top = fmaxf(top, warp_max[w]);
+  float e = top == -INFINITY ? 0.f : exp_nonpositive(split_lse - top);
+  float sum = e;
+#pragma unroll
+  for (int mask = 16; mask > 0; mask /= 2) sum += sm80::shfl_xor(sum, mask);
+  if (lane == 0) warp_sum[warp] = sum;
+  sm80::barrier();
+  sum = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) sum += warp_sum[w];
+  weight[tid] = top == -INFINITY ? 0.f : e / sum;
+  float lse = top == -INFINITY ? -INFINITY : top + logf(sum);
   const float sink_scale = p.variants.sinks != nullptr ? add_sink(lse, p.variants.sinks[head]) : 1.f;
-  for (int c = sm80::thread_x(); c < p.headdim; c += kThreads) {
-    float out = 0.f;
-    if (keys_lse != -INFINITY) {
-      for (int s = 0; s < p.num_splits; ++s) {
-        out = fmaf(exp_nonpositive(p.partial_lse[s * rows_total + row] - keys_lse),
-                   p.partial_out[(s * rows_total + row) * kWidth + c], out);
-      }
+  sm80::barrier();
+
+  for (int c = tid; c < p.headdim; c += kThreads) {
+    const float* column = p.partial_out + row * kWidth + c;
+    const int64_t split_stride = rows_total * kWidth;
+    // Four independent sums, so four loads are in flight at once.
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+    int s = 0;
+    for (; s + 4 <= p.num_splits; s += 4) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) part[u] = fmaf(weight[s + u], column[(s + u) * split_stride], part[u]);
     }
+    for (; s < p.num_splits; ++s) part[0] = fmaf(weight[s], column[s * split_stride], part[0]);
+    const float out = (part[0] + part[1]) + (part[2] + part[3]);
     static_cast<T*>(p.out)[b * p.o_batch_stride + i * p.o_row_stride + head * p.o_head_stride + c] =
         narrow<T>(out * sink_scale);
   }
-  if (sm80::thread_x() == 0) p.lse[row] = lse;
+  if (tid == 0) p.lse[row] = lse;
 }
 
 }  // namespace decode

@@ -34,11 +34,12 @@ struct DecodeParams {
   int num_blocks;  // pages in the cache (paged) or rows (contiguous): indices are clamped to it
   int capacity;    // positions one sequence's cache holds
 
-  // Sequence b attends to its positions [key_begin[b], key_end[b]) (cache_leftpad, cache_seqlens +
-  // seqlen_new; null: 0 and capacity), clamped to [0, capacity]; causal and windows align bottom-right
-  // there.
+  // Sequence b attends to its positions [key_begin[b], key_end[b] + key_end_offset) (cache_leftpad,
+  // cache_seqlens + seqlen_new; null: 0 and capacity), clamped to [0, capacity]; causal and windows align
+  // bottom-right there.
   const int32_t* key_begin;
   const int32_t* key_end;
+  int key_end_offset;
 
   int batch, seqlen_q, heads_q, heads_k, head_ratio, headdim;
   float scale;  // softmax_scale

@@ -81,6 +81,9 @@ inline float2 lds_f32x2(uint32_t addr) {
 inline int ld_acquire(const int* p) { return *p; }
 inline void red_release_add(int* p, int v) { *p += v; }
 inline void spin_pause() { emu::spin_pause(); }
+// The emulator runs grids one after another: a dependent grid never starts early.
+inline void launch_dependents() {}
+inline void wait_for_prerequisite_grids() {}
 
 #else  // device
 
@@ -206,6 +209,21 @@ FLASHOP_SM80_DEV void red_add_f32x2(float* p, float a, float b) {
 #else
   asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(p), "f"(a) : "memory");
   asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(p + 1), "f"(b) : "memory");
+#endif
+}
+
+// Programmatic dependent launch (sm90): a grid launched with the programmatic-serialization attribute may
+// start once every CTA of the grid before it has called launch_dependents (or exited), and
+// wait_for_prerequisite_grids holds it until that grid has finished and its writes are visible. No-ops
+// before sm90, where the launcher never sets the attribute.
+FLASHOP_SM80_DEV void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+FLASHOP_SM80_DEV void wait_for_prerequisite_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 
