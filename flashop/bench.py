@@ -81,7 +81,7 @@ METHOD = """\
   pages of 16 and 256 tokens in random order (the paged calls with `FLASHOP_CHECK_INDICES=0`: without
   FlashAttention-2's host read of the longest sequence, as in a CUDA graph), torch's SDPA with the FLASH and
   CUDNN backends on the same memory (`enable_gqa`), and a device-to-device copy of the cache as the bandwidth
-  ceiling; GB/s of K/V read.
+  ceiling; GB/s of K/V read (each the median of `--rounds` rounds taken in turn).
 * **Per-call overhead** (`--overhead`): batch 1, 128 tokens, 8 heads, d64 (bf16 on the GPU, float32 on the CPU):
   the wall time of 200 back-to-back calls of `flash_attn_func` and of torch's SDPA (default backend), synchronised
   once at the end, per call (median of 7 rounds); the forward alone and with its backward, each called eagerly
@@ -120,6 +120,18 @@ class Result:
 
     def ratio(self, impl: str, peer: str) -> float:
         return self.ms[peer] / self.ms[impl]
+
+
+def spin_up(device: str, seconds: float = 1.0) -> None:
+    """Keeps the GPU busy for a moment, so the first timed case does not run while its clock ramps up from idle."""
+    if device != "cuda":
+        return
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize()
 
 
 def median_ms(fn, device: str) -> float:
@@ -569,14 +581,20 @@ def run_decode_cases(args) -> list[dict]:
                 attends[peer] = sdpa
             copy_k = torch.empty_like(cache_k)
             attends["copy"] = lambda copy_k=copy_k: copy_k.copy_(cache_k)
-            ms = {}
-            for impl, attend in attends.items():
-                try:
-                    with torch.no_grad():
-                        attend()
-                        ms[impl] = median_ms(attend, args.device)
-                except (RuntimeError, NotImplementedError) as err:
-                    print(f"  decode: {impl} failed (batch {batch}, {length}): {str(err).splitlines()[0]}")
+            # Rounds in turn, each implementation keeping the median of its rounds (as the sweep does).
+            times = {}
+            for _ in range(args.rounds):
+                for impl, attend in attends.items():
+                    if impl in times and times[impl] is None:
+                        continue
+                    try:
+                        with torch.no_grad():
+                            attend()
+                            times.setdefault(impl, []).append(median_ms(attend, args.device))
+                    except (RuntimeError, NotImplementedError) as err:
+                        print(f"  decode: {impl} failed (batch {batch}, {length}): {str(err).splitlines()[0]}")
+                        times[impl] = None
+            ms = {impl: statistics.median(t) for impl, t in times.items() if t}
             kv_bytes = 2 * batch * length * heads_k * headdim * cache_k.element_size()
             rows.append(dict(batch=batch, seqlen_k=length, heads_q=heads_q, heads_k=heads_k, headdim=headdim,
                              dtype=dtype_name, kv_bytes=kv_bytes, ms={impl: _json_ms(t) for impl, t in ms.items()}))
@@ -1003,6 +1021,8 @@ def main(argv=None):
     results = [] if args.no_sweep else [run_case(c, args.device, peers, args.config, args.rounds)
                                         for c in tqdm(cases, desc=f"bench {args.device}")]
     report = make_report(results, args, peers)
+    if args.no_sweep:
+        spin_up(args.device)  # the sweep would have warmed the GPU for the sections below
     if args.variants:
         report["variants"] = run_variant_cases(args)
         report["window_cost"] = window_cost_rows(args) if args.device == "cuda" else []
