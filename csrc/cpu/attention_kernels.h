@@ -16,6 +16,7 @@
 
 #include "../attention_variants.h"
 #include "attention_gemm.h"
+#include "attention_microkernel.h"
 #include "attention_pack.h"
 #include "attention_params.h"
 
@@ -63,6 +64,10 @@ struct BackwardTiles {
 };
 static_assert(ForwardTiles::block_k % kKeyBlock == 0, "key tiles are made of whole packed key blocks");
 constexpr int64_t kBlasBlockQ = 256;  // forward query tile of the fp32 BLAS path (forward_impl)
+#ifndef FLASHOP_CPU_TILE_BLOCK_Q
+#define FLASHOP_CPU_TILE_BLOCK_Q 128
+#endif
+constexpr int64_t kTileBlockQ = FLASHOP_CPU_TILE_BLOCK_Q;  // forward query tile of the AVX2 tile_gemm_f32 path
 // Backward tiles of the BLAS path (backward_impl): larger than brgemm's, since each sgemm_ call packs its
 // operands (docs/kernels.md gives the measured gain).
 constexpr int64_t kBlasBwdBlockQ = 128, kBlasBwdBlockK = 256;
@@ -396,6 +401,10 @@ struct ForwardTask {
           if constexpr (path == GemmPath::kVnni) {
             at::native::cpublas::brgemm(rows, kKeyBlock, kv.k_depth(), lda, kKeyBlock, ldS, /*add_C=*/false, qa,
                                         key_block, s + kb, /*is_vnni=*/true);
+          } else if constexpr (kTileGemm) {
+            // Only the columns of keys the tile has, rounded up to whole 16-column panels (zero keys past them).
+            const int64_t cols = std::min(kKeyBlock, div_up(len - kb, 16) * 16);
+            tile_gemm_f32(rows, cols, kv.k_depth(), lda, kKeyBlock, ldS, /*add_C=*/false, qa, key_block, s + kb);
           } else {
             gemm_f32(rows, kKeyBlock, kv.k_depth(), lda, kKeyBlock, ldS, /*add_C=*/false, qa, key_block, s + kb);
           }
@@ -451,6 +460,8 @@ struct ForwardTask {
           at::native::cpublas::brgemm(rows, std::min(kValueBlock, D - d0), len_pad, ldS, kValueBlock, ldA, !first,
                                       p16, kv.value_block(b, hk, d0 / kValueBlock, j0), acc + d0, true);
         }
+      } else if constexpr (kTileGemm) {
+        tile_gemm_f32(rows, D, len, ldS, kv.v_ld(), ldA, !first, s, kv.value_rows(b, hk, j0), acc);
       } else {
         gemm_f32(rows, D, len, ldS, kv.v_ld(), ldA, !first, s, kv.value_rows(b, hk, j0), acc);
       }
@@ -496,11 +507,13 @@ void forward_impl(const AttentionParams& p) {
   // product per key tile, and query tiles of kBlasBlockQ rows, as torch's CPU kernel takes for fp32 (fewer,
   // larger products: the fp32 non-causal forward about 1.0x torch's under AVX2 on 2 cores, 0.9x with packed
   // keys and 64-row tiles). brgemm keeps packed keys and block_q.
-  const bool blas = path != GemmPath::kVnni && blas_sgemm_used() &&
+  const bool blas = path != GemmPath::kVnni && !kTileGemm && blas_sgemm_used() &&
                     fits_blas_int({D, p.q_row_stride, p.k_row_stride, p.v_row_stride});
-  const int64_t block_q = blas ? kBlasBlockQ : Tiles::block_q;
+  const int64_t block_q = blas ? kBlasBlockQ : (path != GemmPath::kVnni && kTileGemm) ? kTileBlockQ : Tiles::block_q;
   PackedKV<GemmT> kv;
-  kv.template pack<T>(p, /*value_in_place=*/path == GemmPath::kFloat, /*key_rows=*/blas);
+  // The tile path reads V a 16-column panel at a time down a whole key tile: rows copied contiguous keep that in
+  // a few pages (in place, rows heads x headdim apart spread it over a megabyte; docs/kernels.md has the cost).
+  kv.template pack<T>(p, /*value_in_place=*/path == GemmPath::kFloat && !kTileGemm, /*key_rows=*/blas);
 
   const int64_t n_qtiles = div_up(Sq, block_q);
   at::parallel_for(0, B * Hq * n_qtiles, 1, [&](int64_t begin, int64_t end) {
