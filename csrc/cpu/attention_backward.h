@@ -99,10 +99,11 @@ inline void softmax_grad_row_logits(float* s, float* dp, int64_t lo, int64_t hi,
 // fp32 operand rows of one head: in place when T is float and the row stride is a
 // valid leading dimension, else widened/copied into `buf` (rows x D).
 template <typename T>
-inline std::pair<const float*, int64_t> float_rows(const T* src, int64_t ld, int64_t rows, int64_t D, float* buf) {
+inline std::pair<const float*, int64_t> float_rows(const T* src, int64_t ld, int64_t rows, int64_t D, float* buf,
+                                                   bool contiguous = false) {
   if constexpr (std::is_same_v<T, float>) {
-    if (rows == 1) return {src, D};
-    if (ld >= D) return {src, ld};
+    if (rows == 1 || ld == D) return {src, D};
+    if (ld > D && !contiguous) return {src, ld};
   }
   for (int64_t r = 0; r < rows; ++r) load_row_to_float(src + r * ld, D, buf + r * D);
   return {buf, D};
@@ -116,12 +117,16 @@ void backward_impl(const BackwardParams& p) {
   const AttentionVariants& var = p.variants;
   const KeyWindow window = key_window(p);
   const bool logits = var.softcap > 0.f || var.alibi_slopes != nullptr;
-  // Through the BLAS sgemm (AVX2, generic) the transposed operands are its transpose flags, K and V read in
-  // place; brgemm (AVX-512) has no such flags, so K^T, V^T, P^T and dS^T are copied there.
-  const bool blas = blas_sgemm_used() &&
+  // Three ways to the products. The AVX2 copy's tile GEMM (attention_microkernel.h) reads P^T and dS^T as
+  // they lie and K^T, V^T from copies per key tile, with Q, dO and K as contiguous rows (rows heads x headdim
+  // apart would spread its panels over many pages). Through the BLAS sgemm (generic) the transposed operands
+  // are its transpose flags, K and V read in place. brgemm (AVX-512) has no such flags, so K^T, V^T, P^T and
+  // dS^T are copied there.
+  constexpr bool tile = kTileGemm;
+  const bool blas = !tile && blas_sgemm_used() &&
                     fits_blas_int({D, p.q_row_stride, p.dout_row_stride, p.k_row_stride, p.v_row_stride});
-  const int64_t BQ = blas ? kBlasBwdBlockQ : BackwardTiles::block_q;
-  const int64_t BK = blas ? kBlasBwdBlockK : BackwardTiles::block_k;
+  const int64_t BQ = tile ? kTileBwdBlockQ : blas ? kBlasBwdBlockQ : BackwardTiles::block_q;
+  const int64_t BK = tile ? kTileBwdBlockK : blas ? kBlasBwdBlockK : BackwardTiles::block_k;
   const int64_t n_ktiles = div_up(Sk, BK);
 
   // A task owns the key tiles of one (batch, kv head) whose index is = c mod n_chunks:
@@ -132,16 +137,16 @@ void backward_impl(const BackwardParams& p) {
       std::clamp<int64_t>(div_up(at::get_num_threads(), B * Hk), 1, std::max<int64_t>(n_ktiles, 1));
   const int64_t group_size = G * Sq * D;  // fp32 dQ of one (batch, kv head) group
   AlignedBuffer<float> dq_acc(B * Hk * n_chunks * group_size);
-  const bool widen_q = !std::is_same_v<T, float> || (Sq > 1 && p.q_row_stride < D);
-  const bool widen_do = !std::is_same_v<T, float> || (Sq > 1 && p.dout_row_stride < D);
+  const bool widen_q = !std::is_same_v<T, float> || (Sq > 1 && (tile ? p.q_row_stride != D : p.q_row_stride < D));
+  const bool widen_do = !std::is_same_v<T, float> || (Sq > 1 && (tile ? p.dout_row_stride != D : p.dout_row_stride < D));
 
   at::parallel_for(0, B * Hk * n_chunks, 1, [&](int64_t begin, int64_t end) {
     // Per-thread scratch: O(G * seqlen_q * headdim) for the query side, O(tile) for the rest.
     AlignedBuffer<float> q_buf(widen_q ? group_size : 0), do_buf(widen_do ? group_size : 0), d_rows(G * Sq);
     AlignedBuffer<float> k_buf(BK * D), v_buf(blas ? BK * D : 0), dk_acc(BK * D), dv_acc(BK * D);
     AlignedBuffer<float> s(BQ * BK), dp(BQ * BK), o_row(D), grad(BK);
-    // The transposed copies brgemm needs: K^T, V^T (headdim x BK), P^T, dS^T (BK x BQ).
-    const int64_t kv_copy = blas ? 0 : D * BK, ps_copy = blas ? 0 : BK * BQ;
+    // The transposed copies: K^T, V^T (headdim x BK; brgemm and the tile GEMM), P^T, dS^T (BK x BQ; brgemm).
+    const int64_t kv_copy = blas ? 0 : D * BK, ps_copy = blas || tile ? 0 : BK * BQ;
     AlignedBuffer<float> kt(kv_copy), vt(kv_copy), pt(ps_copy), dst(ps_copy);
     std::vector<const float*> q_rows(G), do_rows(G);
     std::vector<int64_t> ld_q(G), ld_do(G);
@@ -158,8 +163,8 @@ void backward_impl(const BackwardParams& p) {
         const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
         const T* dout = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
         const T* out = static_cast<const T*>(p.out) + b * p.out_batch_stride + h * p.out_head_stride;
-        auto [qp, lq] = float_rows(q, p.q_row_stride, Sq, D, q_buf.data() + g * Sq * D);
-        auto [dop, ldo] = float_rows(dout, p.dout_row_stride, Sq, D, do_buf.data() + g * Sq * D);
+        auto [qp, lq] = float_rows(q, p.q_row_stride, Sq, D, q_buf.data() + g * Sq * D, tile);
+        auto [dop, ldo] = float_rows(dout, p.dout_row_stride, Sq, D, do_buf.data() + g * Sq * D, tile);
         q_rows[g] = qp, do_rows[g] = dop, ld_q[g] = lq, ld_do[g] = ldo;
         for (int64_t i = 0; i < Sq; ++i) {
           load_row_to_float(out + i * p.out_row_stride, D, o_row.data());
@@ -183,7 +188,7 @@ void backward_impl(const BackwardParams& p) {
       for (int64_t kt_idx = chunk; kt_idx < n_ktiles; kt_idx += n_chunks) {
         const int64_t j0 = kt_idx * BK, L = std::min(BK, Sk - j0);
         // K_j^T and V_j^T (headdim x L) are the B operands of S and dP; K_j (L x headdim) of dQ.
-        auto [kj, ld_k] = float_rows(k + j0 * p.k_row_stride, p.k_row_stride, L, D, k_buf.data());
+        auto [kj, ld_k] = float_rows(k + j0 * p.k_row_stride, p.k_row_stride, L, D, k_buf.data(), tile);
         const float* vj = nullptr;
         int64_t ld_v = 0;
         if (blas) {
@@ -208,7 +213,10 @@ void backward_impl(const BackwardParams& p) {
             const int64_t M = std::min(BQ, Sq - q0);
             const float* qi = q_rows[g] + q0 * ld_q[g];
             const float* doi = do_rows[g] + q0 * ld_do[g];
-            if (blas) {
+            if constexpr (tile) {
+              tile_gemm_f32(M, L, D, ld_q[g], BK, BK, false, qi, kt.data(), s.data());
+              tile_gemm_f32(M, L, D, ld_do[g], BK, BK, false, doi, vt.data(), dp.data());
+            } else if (blas) {
               blas_gemm_f32(false, true, M, L, D, ld_q[g], ld_k, BK, false, qi, kj, s.data());
               blas_gemm_f32(false, true, M, L, D, ld_do[g], ld_v, BK, false, doi, vj, dp.data());
             } else {
@@ -236,7 +244,10 @@ void backward_impl(const BackwardParams& p) {
               }
             }
             // P^T and dS^T (L x M) are the A operands of dV and dK.
-            if (blas) {
+            if constexpr (tile) {
+              tile_gemm_f32(L, D, M, BK, ld_do[g], D, true, s.data(), doi, dv_acc.data(), /*trans_a=*/true);
+              tile_gemm_f32(L, D, M, BK, ld_q[g], D, true, dp.data(), qi, dk_acc.data(), /*trans_a=*/true);
+            } else if (blas) {
               blas_gemm_f32(true, false, L, D, M, BK, ld_do[g], D, true, s.data(), doi, dv_acc.data());
               blas_gemm_f32(true, false, L, D, M, BK, ld_q[g], D, true, dp.data(), qi, dk_acc.data());
             } else {
@@ -245,7 +256,12 @@ void backward_impl(const BackwardParams& p) {
               gemm_f32(L, D, M, BQ, ld_do[g], D, true, pt.data(), doi, dv_acc.data());
               gemm_f32(L, D, M, BQ, ld_q[g], D, true, dst.data(), qi, dk_acc.data());
             }
-            gemm_f32(M, D, L, BK, ld_k, D, true, dp.data(), kj, dq_part + (g * Sq + q0) * D);
+            float* dq_rows = dq_part + (g * Sq + q0) * D;
+            if constexpr (tile) {
+              tile_gemm_f32(M, D, L, BK, ld_k, D, true, dp.data(), kj, dq_rows);
+            } else {
+              gemm_f32(M, D, L, BK, ld_k, D, true, dp.data(), kj, dq_rows);
+            }
           }
         }
         for (int64_t r = 0; r < L; ++r) {

@@ -1,8 +1,9 @@
 // The fp32 matrix products of the CPU kernels: row-major C[M,N] (+)= A[M,K] B[K,N], brgemm's contract.
 // oneDNN's fp32 brgemm micro-kernel is the fast one on AVX-512; its AVX2 kernel is not (fp32 d128 forward
-// 0.74x torch's CPU SDPA under AVX2, where torch's own GEMMs run the BLAS it ships). So the AVX2 and generic
-// copies call that BLAS's sgemm_ when the torch library exports it (a weak reference, resolved when the
-// extension loads); without it, and on AVX-512, brgemm runs.
+// 0.74x torch's CPU SDPA under AVX2, where torch's own GEMMs run the BLAS it ships). So the generic copy calls
+// that BLAS's sgemm_ when the torch library exports it (a weak reference, resolved when the extension loads);
+// without it, and on AVX-512, brgemm runs. The AVX2 copy's kernels run their own tile GEMM
+// (attention_microkernel.h) instead.
 #pragma once
 
 #include "isa_namespace.h"

@@ -68,6 +68,13 @@ constexpr int64_t kBlasBlockQ = 256;  // forward query tile of the fp32 BLAS pat
 #define FLASHOP_CPU_TILE_BLOCK_Q 128
 #endif
 constexpr int64_t kTileBlockQ = FLASHOP_CPU_TILE_BLOCK_Q;  // forward query tile of the AVX2 tile_gemm_f32 path
+#ifndef FLASHOP_CPU_TILE_BWD_BLOCK_Q
+#define FLASHOP_CPU_TILE_BWD_BLOCK_Q 128
+#endif
+#ifndef FLASHOP_CPU_TILE_BWD_BLOCK_K
+#define FLASHOP_CPU_TILE_BWD_BLOCK_K 256
+#endif
+constexpr int64_t kTileBwdBlockQ = FLASHOP_CPU_TILE_BWD_BLOCK_Q, kTileBwdBlockK = FLASHOP_CPU_TILE_BWD_BLOCK_K;
 // Backward tiles of the BLAS path (backward_impl): larger than brgemm's, since each sgemm_ call packs its
 // operands (docs/kernels.md gives the measured gain).
 constexpr int64_t kBlasBwdBlockQ = 128, kBlasBwdBlockK = 256;
