@@ -772,13 +772,16 @@ class HopperBackwardConfig:
         return tuple(capability) == (9, 0)
 
     def smem_bytes(self) -> int:
-        """Sm90BwdTraits::kSmemBytes: K and V tiles, 2 stages of Q and dO, 2 dS buffers (B_r x B_c), 2 stages
-        of lse and D (B_r floats each), 5 mbarriers and 1024 bytes of alignment slack. The column blocks
-        (64, 32 or 16 columns) tile D exactly, with no padding. Sm90BwdWideTraits::kSmemBytes: the same
-        with 2 buffers each of P and dS."""
+        """Sm90BwdTraits::kSmemBytes: K and V tiles, 2 stages of Q and dO, 2 dS buffers (B_r x B_c), at D = 64
+        and 128 the two consumers' fp32 dQ tiles (B_r x D / 2 each, B_r x D at D = 64), 2 stages of lse and D
+        (B_r floats each), 5 mbarriers and 1024 bytes of alignment slack. The column blocks (64, 32 or 16
+        columns) tile D exactly, with no padding. Sm90BwdWideTraits::kSmemBytes: the same with 2 buffers each
+        of P and dS and no dQ tiles."""
         d, n, m = self.headdim, self.block_n, self.block_m
         score_buffers = 4 if self.wide else 2
-        return ELEMENT_BYTES * (2 * n * d + 2 * 2 * m * d + score_buffers * m * n) + 2 * 2 * m * 4 + 8 * 5 + 1024
+        dq_tiles = 0 if self.wide or d == 96 else 4 * 2 * m * (d if d == 64 else d // 2)
+        return (ELEMENT_BYTES * (2 * n * d + 2 * 2 * m * d + score_buffers * m * n) + dq_tiles + 2 * 2 * m * 4
+                + 8 * 5 + 1024)
 
     @classmethod
     def parse(cls, name: str) -> "HopperBackwardConfig":

@@ -93,6 +93,12 @@ struct BwdParams {
   bool deterministic;
 };
 
+// Rows of the workspaces dq_accum, dsum and lse_log2 (packed: total_q >= 0 the rows of q; dense: -1).
+FLASHOP_HOST_DEVICE int64_t bwd_ws_rows(int batch, int heads_q, int seqlen_q_rounded, int total_q) {
+  return total_q >= 0 ? int64_t(heads_q) * bwd_packed_ws_rows(total_q, batch)
+                      : int64_t(batch) * heads_q * seqlen_q_rounded;
+}
+
 // Element counts of the workspaces for a problem and a config's tile width (Cfg::kHeadDim, the
 // config name's d<W>: dq_accum rows are that wide, not the true head dimension) and B_r.
 struct BwdWorkspaceSizes {
@@ -110,8 +116,7 @@ inline BwdWorkspaceSizes bwd_workspace_sizes(int batch, int heads_q, int seqlen_
   BwdWorkspaceSizes w{};
   w.seqlen_q_rounded = bwd_round_up(seqlen_q, kBwdSeqQPad);
   w.num_m_blocks = (seqlen_q + block_m - 1) / block_m;
-  const std::size_t rows = total_q >= 0 ? std::size_t(heads_q) * std::size_t(bwd_packed_ws_rows(total_q, batch))
-                                        : std::size_t(batch) * heads_q * w.seqlen_q_rounded;
+  const std::size_t rows = std::size_t(bwd_ws_rows(batch, heads_q, w.seqlen_q_rounded, total_q));
   w.dq_accum = rows * tile_width;
   w.dsum = rows;
   w.lse_log2 = rows;

@@ -19,14 +19,16 @@
 //   D = 128, 96: dQ_i[:, cD/2 : (c+1)D/2] = dS_i K[:, cD/2 : (c+1)D/2]   SS wgmma m64n(D/2), K = 128 keys
 //                (K MN-major)
 //   D = 64:      dQ_i += dS_i[:, keys of c] K[keys of c, :]     SS wgmma m64n64, K = 64 keys
-//   dQ fragments -> red.global.add.v2.f32 into the fp32 accumulator (unscaled).
+//   dQ fragments -> D = 64, 128: shared memory, then one TMA reduce-add per 32-column box by one thread
+//                   of the consumer (cp.reduce.async.bulk.tensor); D = 96: red.global.add.v2.f32. Into the
+//                   fp32 accumulator, unscaled.
 // dK (times softmax_scale) and dV are written from registers at the end. GQA: the walk covers every
 // query head of the kv head's group, so dK/dV are summed over the group without atomics.
 // D = 96 tiles are 32-column blocks in the 64B swizzle, K 16-column blocks in the 32B swizzle
 // (Sm90BwdTraits::kColBlock, kKColBlock; 130 KiB).
 // Shared memory (128B-swizzled tiles of 64 columns, as the TMA maps write them), D = 128 (64): K, V
-// 2 x 32 (16) KiB; Q, dO 2 stages x 16 (8) KiB each; dS 2 buffers x 16 KiB; lse/D 2 stages x 512 B:
-// 161 (97) KiB.
+// 2 x 32 (16) KiB; Q, dO 2 stages x 16 (8) KiB each; dS 2 buffers x 16 KiB; dQ 2 consumers x 16 KiB; lse/D
+// 2 stages x 512 B: 193 (129) KiB.
 // Head dimension: the kernel is compiled for a tile width kHeadDim (64, 96 or 128) and takes the true head
 // dimension p.headdim (a multiple of 8, <= kHeadDim) at run time. The TMA maps' dim 0 is p.headdim, so
 // the columns past it of the Q, dO, K, V tiles arrive as zeros (out-of-bounds fill; a column box
@@ -117,7 +119,15 @@ struct Sm90BwdTraits {
   static constexpr uint32_t kQOff = kVOff + kKVTile;               // stage s at + s * kQTile
   static constexpr uint32_t kDOOff = kQOff + kStages * kQTile;
   static constexpr uint32_t kDSOff = kDOOff + kStages * kQTile;    // buffer u, key block c at + (2u + c) kDSBlock
-  static constexpr uint32_t kLseOff = kDSOff + 2 * 2 * kDSBlock;    // stage s at + s * 256
+  // dQ leaves through shared memory at D = 64 and 128 (kDQBulk): each consumer stores its m64 x kDQCols fp32
+  // fragments into 32-column boxes (128-byte rows, 128B swizzle), one thread reduce-adds them into the
+  // accumulator (TMA), and the next step's barrier before dQ frees them. D = 96 (48 columns a consumer) keeps
+  // red.global.add.
+  static constexpr bool kDQBulk = kHeadDim != 96;
+  static constexpr uint32_t kDQBox = kBlockM * 128;  // 64 rows x 32 fp32 columns
+  static constexpr uint32_t kDQConsumerBytes = kDQBulk ? kDQCols / 32 * kDQBox : 0;
+  static constexpr uint32_t kDQOff = kDSOff + 2 * 2 * kDSBlock;  // consumer c at + c * kDQConsumerBytes
+  static constexpr uint32_t kLseOff = kDQOff + 2 * kDQConsumerBytes;  // stage s at + s * 256
   static constexpr uint32_t kDsumOff = kLseOff + kStages * kBlockM * 4;
   static constexpr uint32_t kBarOff = kDsumOff + kStages * kBlockM * 4;
   static constexpr uint32_t kBars = 1 + 2 * kStages;  // kv_full, full[s], empty[s]
@@ -128,7 +138,7 @@ struct Sm90BwdTraits {
   // with base offset 0); dS's 128B-swizzled blocks on 1024 bytes. D = 96: K, V 2 x 24 KiB; Q, dO 2 stages
   // x 12 KiB each; dS 2 x 16 KiB; lse/D 1 KiB: 130 KiB + barriers + slack.
   static_assert(kKVBlock % kAtomBytes == 0 && kQBlock % kAtomBytes == 0 && kVOff % kAtomBytes == 0 &&
-                    kQOff % kAtomBytes == 0 && kDOOff % kAtomBytes == 0 && kDSOff % 1024 == 0 &&
+                    kQOff % kAtomBytes == 0 && kDOOff % kAtomBytes == 0 && kDSOff % 1024 == 0 && kDQOff % 1024 == 0 &&
                     kKBlock % kKAtomBytes == 0,
                 "swizzle atoms");
   static_assert(kKBlocks * kKBlock == kKVTile, "K and V tiles of one size");
@@ -430,7 +440,7 @@ template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
     bwd_kernel_sm90(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                    const __grid_constant__ BwdParams p) {
+                    const __grid_constant__ CUtensorMap tm_dq, const __grid_constant__ BwdParams p) {
 #ifdef FLASHOP_SM90_ENABLED
   constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kD = T::kHeadDim;
   using Elem = typename std::conditional<T::kBf16, __nv_bfloat16, __half>::type;
@@ -665,6 +675,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
     fence_proxy_async_smem();
+    // The last step's dQ reduce-adds have read this consumer's dQ boxes before the barrier lets it write them.
+    if (T::kDQBulk && ctid == 0) tma_store_wait_read<0>();
     float dq[T::kDQCols / 2];
     if constexpr (!T::kDQSplitKeys) {
       named_bar_sync<1, 256>();  // both key blocks of dS written
@@ -712,22 +724,54 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // (bwd_params.h): the columns past the head dimension are padding and receive adds of 0 (K's
     // columns there are 0). At D = 64 and 128 they are added unpredicated: a column test there spilled
     // 16 bytes at d128 (168 registers, ptxas -v, sm_90a).
-    float* gacc = p.dq_accum + (bwd_ws_row<T>(p, b, hq, seq.q_start) + q0) * kD +
-                  (T::kDQSplitKeys ? 0 : T::kDQCols * c);
+    const int dq_col0 = T::kDQSplitKeys ? 0 : T::kDQCols * c;
+    if constexpr (T::kDQBulk) {
+      // Whole 64-row boxes: rows past Sq (dense) or used_q (packed) add dS = 0 exactly (Q, dO rows zero-filled
+      // or zeroed, lse_log2 = +inf and D = 0 there) to the padding rows of the workspace (within
+      // seqlen_q_rounded, or the sequence's own rows), which the convert kernel does not read.
+      // Element (row, col) of box col / 32: row * 128 + 16 (chunk ^ row % 8) + 4 (col % 4), chunk = col % 32 / 4;
+      // a warp's float2 stores of one n8 block land in 8 rows x 2 chunks, two wavefronts. This thread's rows
+      // are 16 warp + g (+ 8) and its columns 8i + 2t (+1): chunk = 2 (i % 4) + t / 2, so the address is a
+      // per-thread base plus (32 (i % 4)) ^ (16 (g & 6)) plus constants.
+      const uint32_t sDQ = base + T::kDQOff + c * T::kDQConsumerBytes + (16 * warp + g) * 128 +
+                           ((((t / 2) ^ (g & 1)) << 4) | ((t % 2) * 8));
+      const uint32_t swz = 16u * (g & 6);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = 16 * warp + g + 8 * h;
-      if (T::kPacked || q0 + row < p.seqlen_q) {  // packed: rows past used_q add exact zeros (see below)
+      for (int i = 0; i < T::kDQCols / 8; ++i) {
+        const uint32_t addr = sDQ + (i / 4) * T::kDQBox + ((32u * (i % 4)) ^ swz);
+        st_shared_v2_f32(addr, dq[4 * i], dq[4 * i + 1]);
+        st_shared_v2_f32(addr + 8 * 128, dq[4 * i + 2], dq[4 * i + 3]);
+      }
+      fence_proxy_async_smem();
+      if (c == 0) named_bar_sync<4, 128>();
+      else named_bar_sync<5, 128>();
+      if (ctid == 0) {
+        const int ws_row = int(bwd_ws_row<T>(p, b, hq, seq.q_start) + q0);
+        const uint32_t boxes = base + T::kDQOff + c * T::kDQConsumerBytes;
 #pragma unroll
-        for (int i = 0; i < T::kDQCols / 8; ++i) {
-          // D = 96: the n8 blocks at or past the head dimension hold zeros and are not added (one uniform
-          // compare per block; headdim 80: consumer 1 adds 4 of its 6).
-          if (T::kColBlock == 32 && T::kDQCols * c + 8 * i >= p.headdim) break;
-          red_add_v2(gacc + row * kD + 8 * i + 2 * t, dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
+        for (int box = 0; box < T::kDQCols / 32; ++box)
+          tma_reduce_add_2d(&tm_dq, boxes + box * T::kDQBox, dq_col0 + 32 * box, ws_row);
+        tma_store_commit();
+      }
+    } else {
+      float* gacc = p.dq_accum + (bwd_ws_row<T>(p, b, hq, seq.q_start) + q0) * kD + dq_col0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = 16 * warp + g + 8 * h;
+        if (T::kPacked || q0 + row < p.seqlen_q) {  // packed: rows past used_q add exact zeros (see below)
+#pragma unroll
+          for (int i = 0; i < T::kDQCols / 8; ++i) {
+            // D = 96: the n8 blocks at or past the head dimension hold zeros and are not added (one uniform
+            // compare per block; headdim 80: consumer 1 adds 4 of its 6).
+            if (T::kColBlock == 32 && T::kDQCols * c + 8 * i >= p.headdim) break;
+            red_add_v2(gacc + row * kD + 8 * i + 2 * t, dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
+          }
         }
       }
     }
   }
+  // The dQ boxes stay allocated (and the adds reach the accumulator) until the reduce-adds are done.
+  if (T::kDQBulk && ctid == 0) tma_store_wait<0>();
 
   // dK * scale and dV from registers (rows = keys key_lo, key_lo + 8; columns 8i + 2t, n8 blocks
   // at or past the head dimension skipped).

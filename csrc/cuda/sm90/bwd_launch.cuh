@@ -23,9 +23,10 @@ namespace sm90 {
 // The main kernel of the dense traits T or of their variants or packed builds Sm90BwdVariants<T>,
 // Sm90BwdPacked<T> (the same maps, grid and shared memory; packed: the grid spans max_seqlen_k keys of every
 // sequence).
+// tdq: the dQ accumulator's map (bwd_kernel_sm90 only; the wide kernels add with red.global.add).
 template <class K>
 cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv,
-                            const CUtensorMap& tdo, cudaStream_t stream) {
+                            const CUtensorMap& tdo, const CUtensorMap& tdq, cudaStream_t stream) {
   auto kernel = [] {
     if constexpr (K::kWide && K::kKeySplit) return bwd_kernel_sm90_wide_keys<K>;
     else if constexpr (K::kWide) return bwd_kernel_sm90_wide<K>;
@@ -35,7 +36,8 @@ cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUt
   const cudaError_t err = set_kernel_smem_once(configured, kernel, K::kSmemBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid((p.seqlen_k + K::kBlockN - 1) / K::kBlockN, p.heads_k, p.batch);
-  kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, tdo, p);
+  if constexpr (K::kWide) kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, tdo, p);
+  else kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, tdo, tdq, p);
   return cudaGetLastError();
 }
 
@@ -67,6 +69,11 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   if (err == cudaSuccess)
     err = encode_bshd(&tv, T::kBf16, p.v, maps_batch, rows_k, p.heads_k, p.headdim, p.v_batch_stride,
                       p.v_row_stride, p.v_head_stride, T::kBlockN, T::kColBlock);
+  CUtensorMap tdq{};
+  if (err == cudaSuccess && !T::kWide)
+    err = encode_rows_f32(&tdq, p.dq_accum,
+                          bwd_ws_rows(int(p.batch), int(p.heads_q), p.seqlen_q_rounded, packed ? p.packed.total_q : -1),
+                          T::kHeadDim, T::kBlockM);
   if (err != cudaSuccess) return err;
 
   const sm80::bwd::BwdGrids g = sm80::bwd::bwd_grids<Aux>(p);
@@ -75,10 +82,10 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   err = cudaErrorNotSupported;
   if constexpr (T::kSupportsVariants) {
-    if (packed) err = launch_bwd_main<Sm90BwdPacked<T>>(p, tq, tk, tv, tdo, stream);
-    else if (variants) err = launch_bwd_main<Sm90BwdVariants<T>>(p, tq, tk, tv, tdo, stream);
+    if (packed) err = launch_bwd_main<Sm90BwdPacked<T>>(p, tq, tk, tv, tdo, tdq, stream);
+    else if (variants) err = launch_bwd_main<Sm90BwdVariants<T>>(p, tq, tk, tv, tdo, tdq, stream);
   }
-  if (!variants && !packed) err = launch_bwd_main<T>(p, tq, tk, tv, tdo, stream);
+  if (!variants && !packed) err = launch_bwd_main<T>(p, tq, tk, tv, tdo, tdq, stream);
   if (err != cudaSuccess) return err;
   sm80::bwd::bwd_convert_dq_kernel<Aux><<<dim3(g.conv[0], g.conv[1], g.conv[2]), sm80::bwd::kAuxThreads, 0, stream>>>(p);
   return cudaGetLastError();

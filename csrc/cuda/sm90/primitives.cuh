@@ -146,6 +146,19 @@ __device__ __forceinline__ void tma_store_4d(const void* tmap, uint32_t smem_src
 #endif
 }
 
+// 2-D tiled reduce-add (coordinates innermost first: column, row) of a box from shared memory (laid out as
+// the map's swizzle expects) into global memory: each element is added atomically in L2 (fp32 maps: red.add
+// without one instruction per element). Tracked by the issuing thread's bulk async-groups; the source is
+// written as for tma_store_4d.
+__device__ __forceinline__ void tma_reduce_add_2d(const void* tmap, uint32_t smem_src, int c0, int c1) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(tmap)),
+               "r"(smem_src), "r"(c0), "r"(c1)
+               : "memory");
+#endif
+}
+
 // Closes the issuing thread's pending bulk stores into one bulk async-group.
 __device__ __forceinline__ void tma_store_commit() {
 #ifdef FLASHOP_SM90_ENABLED
@@ -163,6 +176,15 @@ __device__ __forceinline__ void tma_store_wait_read() {
 #endif
 }
 
+// Waits until at most N of the issuing thread's bulk async-groups are incomplete (their global writes
+// done too).
+template <int N>
+__device__ __forceinline__ void tma_store_wait() {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 // Orders this thread's earlier generic-proxy shared-memory accesses (st.shared)
 // before later async-proxy accesses (TMA store reading them), and vice versa.
 __device__ __forceinline__ void fence_proxy_async_smem() {
@@ -174,6 +196,12 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
 #ifdef FLASHOP_SM90_ENABLED
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x), "f"(y) : "memory");
 #endif
 }
 

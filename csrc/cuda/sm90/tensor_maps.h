@@ -27,6 +27,21 @@ inline PFN_cuTensorMapEncodeTiled_v12000 get_encode_fn() {
   return fn;
 }
 
+// A row-major fp32 matrix (rows x cols, contiguous) as a 2-D tensor map (cols, rows) with box (32 columns =
+// 128 bytes, box_rows) in the 128-byte swizzle: the backward's dQ accumulator, reduce-added a tile at a time.
+inline cudaError_t encode_rows_f32(CUtensorMap* map, void* ptr, int64_t rows, int64_t cols, int box_rows) {
+  auto fn = get_encode_fn();
+  if (fn == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols * 4)};
+  const cuuint32_t box[2] = {32u, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t estr[2] = {1u, 1u};
+  const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, ptr, dims, strides, box, estr,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 // A (B, S, H, D) tensor with element strides (batch, row, head), D contiguous,
 // as a 4-D tensor map (D, S, H, B) with box (box_cols, box_rows, 1, 1): 64 columns (128 bytes) in the
 // 128-byte swizzle, 32 columns (64 bytes) in the 64-byte swizzle, or 16 columns (32 bytes) in the 32-byte
