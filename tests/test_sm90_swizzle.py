@@ -239,7 +239,8 @@ def bwd_traits(width):
     t["q"] = t["v"] + kv_tile  # stage s at + s * q_tile
     t["do"] = t["q"] + 2 * q_tile
     t["ds"] = t["do"] + 2 * q_tile  # buffer u, key block c at + (2u + c) ds_block
-    t["lse"] = t["ds"] + 4 * ds_block
+    t["dq"] = t["ds"] + 4 * ds_block  # consumer c's fp32 dQ boxes at + c * BWD_M * dq_cols * 4 (not at D = 96)
+    t["lse"] = t["dq"] + (0 if width == 96 else 2 * BWD_M * t["dq_cols"] * 4)
     t["dsum"] = t["lse"] + 2 * BWD_M * 4
     t["bar"] = t["dsum"] + 2 * BWD_M * 4
     t["smem"] = t["bar"] + 8 * 5 + 1024
@@ -314,6 +315,7 @@ def test_bwd_layout(width):
     for off in ("v", "q", "do"):
         assert t[off] % t["atom"] == 0
     assert t["kv_block"] % t["atom"] == 0 and t["q_block"] % t["atom"] == 0 and t["ds"] % 1024 == 0
+    assert t["dq"] % 1024 == 0  # 128B-swizzled boxes
     assert t["kg"]["kv_block"] % t["kg"]["atom"] == 0
     if not t["split_keys"]:  # each consumer's dQ columns are whole K blocks
         assert t["dq_cols"] % t["kg"]["col_block"] == 0

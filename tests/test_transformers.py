@@ -112,9 +112,10 @@ def test_training_step_gradients_match_transformers(device, name):
         torch.testing.assert_close(grads["ours"][n] / scale, g / scale, **tolerance(device), msg=n)
 
 
-def assert_same_greedy_tokens(model, ours, ref, prompt_len):
+def assert_same_greedy_tokens(model, ours, ref, prompt_len, prompt_mask):
     """Greedy generations agree token for token, or first differ where the reference's two best logits tie
-    to rounding (16-bit CUDA runs), after which they may go their own ways."""
+    to rounding (16-bit CUDA runs), after which they may go their own ways. The tie is judged on the logits
+    generation saw: the prompt's padding mask, then every generated token."""
     if torch.equal(ours, ref):
         return
     for row in range(ours.size(0)):
@@ -124,7 +125,11 @@ def assert_same_greedy_tokens(model, ours, ref, prompt_len):
         step = int(differ[0])
         assert step >= prompt_len
         model.set_attn_implementation(reference(model))
-        logits = model(input_ids=ref[row:row + 1, :step]).logits[0, -1].float()
+        mask = torch.ones_like(ref[row:row + 1, :step])
+        mask[:, :prompt_len] = prompt_mask[row:row + 1]
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)  # as generate() derives them from the mask
+        logits = model(input_ids=ref[row:row + 1, :step], attention_mask=mask,
+                       position_ids=positions).logits[0, -1].float()
         top = logits.topk(2).values
         assert top[0] - top[1] < 5e-2 * top[0].abs().clamp_min(1), f"row {row} differs at token {step}"
 
@@ -139,7 +144,7 @@ def test_generate_matches_transformers(device, name):
         model.set_attn_implementation(implementation)
         outputs.append(model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
                                       pad_token_id=0))
-    assert_same_greedy_tokens(model, *outputs, ids.size(1))
+    assert_same_greedy_tokens(model, *outputs, ids.size(1), mask)
 
 
 def separate_runs(model, ids, lengths):
