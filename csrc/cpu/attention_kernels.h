@@ -517,13 +517,21 @@ void forward_impl(const AttentionParams& p) {
   const bool blas = path != GemmPath::kVnni && !kTileGemm && blas_sgemm_used() &&
                     fits_blas_int({D, p.q_row_stride, p.k_row_stride, p.v_row_stride});
   const int64_t block_q = blas ? kBlasBlockQ : (path != GemmPath::kVnni && kTileGemm) ? kTileBlockQ : Tiles::block_q;
-  PackedKV<GemmT> kv;
   // The tile path reads V a 16-column panel at a time down a whole key tile: rows copied contiguous keep that in
   // a few pages (in place, rows heads x headdim apart spread it over a megabyte; docs/kernels.md has the cost).
-  kv.template pack<T>(p, /*value_in_place=*/path == GemmPath::kFloat && !kTileGemm, /*key_rows=*/blas);
+  // It packs per thread, one (batch, kv head) at a time (PackedKV's one_head): the other paths pack every head
+  // once per call, in parallel.
+  constexpr bool per_thread_pack = path != GemmPath::kVnni && kTileGemm;
+  const bool value_in_place = path == GemmPath::kFloat && !kTileGemm;
+  PackedKV<GemmT> shared_kv;
+  if (!per_thread_pack) shared_kv.template pack<T>(p, value_in_place, /*key_rows=*/blas);
 
   const int64_t n_qtiles = div_up(Sq, block_q);
+  const int64_t head_ratio = Hq / p.heads_k;
   at::parallel_for(0, B * Hq * n_qtiles, 1, [&](int64_t begin, int64_t end) {
+    PackedKV<GemmT> own_kv;
+    if (per_thread_pack) own_kv.template pack<T>(p, value_in_place, /*key_rows=*/false, /*one_head=*/true);
+    const PackedKV<GemmT>& kv = per_thread_pack ? own_kv : shared_kv;
     const int64_t ld = Tiles::block_k;
     AlignedBuffer<float> s(block_q * ld), acc(block_q * D), stats(3 * block_q);
     AlignedBuffer<T> p16(path == GemmPath::kVnni ? block_q * ld : 0);
@@ -539,6 +547,7 @@ void forward_impl(const AttentionParams& p) {
       // contiguous chunks of tasks cost about the same.
       const int64_t qt = p.causal ? ((i % 2 == 0) ? i / 2 : n_qtiles - 1 - i / 2) : i;
       const int64_t q0 = qt * block_q;
+      if (per_thread_pack) own_kv.template pack_head<T>(p, bh / Hq, bh % Hq / head_ratio);
       task.run(bh / Hq, bh % Hq, q0, std::min(block_q, Sq - q0));
     }
     if constexpr (path == GemmPath::kVnni) at::native::cpublas::brgemm_release(true);

@@ -108,10 +108,14 @@ class PackedKV {
   // fields of AttentionParams used here. key_rows (fp32 products only): the caller reads keys as rows
   // (blas_gemm_f32 with B transposed), in place where their rows allow, else widened or copied into rows;
   // otherwise keys are packed into K^T blocks of kKeyBlock keys.
+  // one_head: buffers for one (batch, kv head) only, packed by pack_head when the caller moves to it (a
+  // thread's own copy: its query tiles' keys stay in its L2, and no buffer of every head is faulted in per call).
   template <typename T, typename Params>
-  void pack(const Params& p, bool value_in_place, bool key_rows = false) {
+  void pack(const Params& p, bool value_in_place, bool key_rows = false, bool one_head = false) {
     static_assert(std::is_same_v<T, GemmT> || std::is_same_v<GemmT, float>);
-    B_ = p.batch, Hk_ = p.heads_k, Sk_ = p.seqlen_k, D_ = p.headdim;
+    one_head_ = one_head;
+    head_b_ = head_hk_ = -1;
+    B_ = one_head ? 1 : p.batch, Hk_ = one_head ? 1 : p.heads_k, Sk_ = p.seqlen_k, D_ = p.headdim;
     n_kblocks_ = (Sk_ + kKeyBlock - 1) / kKeyBlock;
     sk_pad_ = n_kblocks_ * kKeyBlock;
     n_dblocks_ = (D_ + kValueBlock - 1) / kValueBlock;
@@ -141,29 +145,21 @@ class PackedKV {
       v_ld_ = D_;
     }
 
-    if (k_in_place_ && v_in_place_) return;
+    if (one_head || (k_in_place_ && v_in_place_)) return;
     at::parallel_for(0, B_ * Hk_ * n_kblocks_, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
-        const int64_t bh = t / n_kblocks_, kb = t % n_kblocks_;
-        const int64_t b = bh / Hk_, hk = bh % Hk_;
-        const int64_t j0 = kb * kKeyBlock, n = std::min(kKeyBlock, Sk_ - j0);
-        const T* ksrc = k + b * p.k_batch_stride + hk * p.k_head_stride + j0 * p.k_row_stride;
-        const T* vsrc = v + b * p.v_batch_stride + hk * p.v_head_stride + j0 * p.v_row_stride;
-        if (k_rows_) {
-          if constexpr (!kVnni) {
-            if (!k_in_place_) copy_rows(ksrc, p.k_row_stride, n, keys_.data() + (bh * Sk_ + j0) * D_);
-          }
-        } else {
-          pack_key_block(ksrc, p.k_row_stride, n, keys_.data() + (bh * n_kblocks_ + kb) * kKeyBlock * D_);
-        }
-        if (v_in_place_) continue;
-        if constexpr (kVnni) {
-          pack_value_rows(vsrc, p.v_row_stride, n, bh, j0);
-        } else {
-          copy_rows(vsrc, p.v_row_stride, n, values_.data() + (bh * Sk_ + j0) * D_);
-        }
+        const int64_t bh = t / n_kblocks_;
+        pack_block<T>(p, bh / Hk_, bh % Hk_, t % n_kblocks_);
       }
     });
+  }
+
+  // one_head: the keys and values of (b, hk), unless they are the ones packed last.
+  template <typename T, typename Params>
+  void pack_head(const Params& p, int64_t b, int64_t hk) {
+    if (!one_head_ || (b == head_b_ && hk == head_hk_) || (k_in_place_ && v_in_place_)) return;
+    head_b_ = b, head_hk_ = hk;
+    for (int64_t kb = 0; kb < n_kblocks_; ++kb) pack_block<T>(p, b, hk, kb);
   }
 
   // Reduction depth of S = Q K^T (headdim).
@@ -175,11 +171,11 @@ class PackedKV {
   }
   int64_t k_ld() const { return k_ld_; }
   const GemmT* key_block(int64_t b, int64_t hk, int64_t kb) const {
-    return keys_.data() + ((b * Hk_ + hk) * n_kblocks_ + kb) * kKeyBlock * D_;
+    return keys_.data() + (slot(b, hk) * n_kblocks_ + kb) * kKeyBlock * D_;
   }
   // 16-bit: the V block of headdim columns [db * kValueBlock, ...) starting at key j0 (even).
   const GemmT* value_block(int64_t b, int64_t hk, int64_t db, int64_t j0) const {
-    return values_.data() + ((b * Hk_ + hk) * n_dblocks_ + db) * sk_pad_ * kValueBlock + j0 * kValueBlock;
+    return values_.data() + (slot(b, hk) * n_dblocks_ + db) * sk_pad_ * kValueBlock + j0 * kValueBlock;
   }
   // fp32: V rows from key j0, leading dimension v_ld().
   const float* value_rows(int64_t b, int64_t hk, int64_t j0) const {
@@ -187,12 +183,37 @@ class PackedKV {
       return nullptr;
     } else {
       if (v_in_place_) return v_direct_ + b * v_batch_stride_ + hk * v_head_stride_ + j0 * v_ld_;
-      return values_.data() + ((b * Hk_ + hk) * Sk_ + j0) * D_;
+      return values_.data() + (slot(b, hk) * Sk_ + j0) * D_;
     }
   }
   int64_t v_ld() const { return v_ld_; }
 
  private:
+  // Index of (b, hk)'s packed keys and values in the buffers (one_head: the only ones).
+  int64_t slot(int64_t b, int64_t hk) const { return one_head_ ? 0 : b * Hk_ + hk; }
+
+  // Key block kb of (b, hk) into its slot: K^T (or key rows) and, unless read in place, the values.
+  template <typename T, typename Params>
+  void pack_block(const Params& p, int64_t b, int64_t hk, int64_t kb) {
+    const int64_t bh = slot(b, hk);
+    const int64_t j0 = kb * kKeyBlock, n = std::min(kKeyBlock, Sk_ - j0);
+    const T* ksrc = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride + j0 * p.k_row_stride;
+    const T* vsrc = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride + j0 * p.v_row_stride;
+    if (k_rows_) {
+      if constexpr (!kVnni) {
+        if (!k_in_place_) copy_rows(ksrc, p.k_row_stride, n, keys_.data() + (bh * Sk_ + j0) * D_);
+      }
+    } else {
+      pack_key_block(ksrc, p.k_row_stride, n, keys_.data() + (bh * n_kblocks_ + kb) * kKeyBlock * D_);
+    }
+    if (v_in_place_) return;
+    if constexpr (kVnni) {
+      pack_value_rows(vsrc, p.v_row_stride, n, bh, j0);
+    } else {
+      copy_rows(vsrc, p.v_row_stride, n, values_.data() + (bh * Sk_ + j0) * D_);
+    }
+  }
+
   // n rows of headdim elements (row stride ld) -> n contiguous fp32 rows.
   template <typename T>
   void copy_rows(const T* src, int64_t ld, int64_t n, float* dst) const {
@@ -277,6 +298,8 @@ class PackedKV {
   }
 
   int64_t B_ = 0, Hk_ = 0, Sk_ = 0, D_ = 0, n_kblocks_ = 0, sk_pad_ = 0, n_dblocks_ = 0;
+  bool one_head_ = false;
+  int64_t head_b_ = -1, head_hk_ = -1;
   AlignedBuffer<GemmT> keys_;
   AlignedBuffer<GemmT> values_;
   bool v_in_place_ = false;
