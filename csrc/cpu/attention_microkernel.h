@@ -1,7 +1,8 @@
 // The fp32 matrix products of the AVX2 copy: row-major C[M,N] (+)= A[M,K] B[K,N], A and B read in place with
 // their strides. The BLAS sgemm_ packs both operands on every call, and the kernels call it once per (query
 // tile, key tile) on the same Q rows and K/V tiles; this kernel reads them as they lie instead: K as K^T
-// blocks packed once per call or tile (attention_pack.h, attention_backward.h), Q, P and V as rows.
+// blocks packed once per thread and head or per tile (attention_pack.h, attention_backward.h), Q, P and V as
+// rows.
 // GotoBLAS's register tile: 6 rows x 16 columns in 12 ymm accumulators, each step one broadcast of A per
 // row and two loads of B.
 #pragma once

@@ -3,7 +3,8 @@
 // brgemm multiplies row-major A[M,K] by B[K,N] and has no transpose flag, so
 // S = Q K^T needs K^T. Every query tile of every head in a group reads the same
 // keys, so K^T (and, for 16-bit inputs, V) is packed once per call, in parallel,
-// in blocks of kKeyBlock keys (memory O(seqlen_k), like the inputs themselves).
+// in blocks of kKeyBlock keys (memory O(seqlen_k), like the inputs themselves);
+// or, one_head, by each thread for the one (batch, kv head) its tasks read now.
 //
 // Layouts (per batch b and key/value head hk):
 //   fp32 K^T      [key block][headdim][kKeyBlock]                      ldb = kKeyBlock
