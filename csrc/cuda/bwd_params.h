@@ -94,6 +94,12 @@ struct BwdParams {
 };
 
 // Rows of the workspaces dq_accum, dsum and lse_log2 (packed: total_q >= 0 the rows of q; dense: -1).
+// The Hopper backward's dQ boxes (sm90/bwd_kernel.cuh) hold query offset r of a 16-row group at box row
+// 2 (r % 8) + (r / 8) % 2, so that the rows a warp stores at once fall in different 128-byte swizzle phases;
+// the reduce-add carries the order into the accumulator and the convert kernel reads it back. Queries
+// and rows stay in their 16-aligned group (query tiles start at multiples of 64).
+FLASHOP_HOST_DEVICE int bwd_dq_paired_row(int r) { return (r & ~15) | ((r & 7) << 1) | ((r >> 3) & 1); }
+
 FLASHOP_HOST_DEVICE int64_t bwd_ws_rows(int batch, int heads_q, int seqlen_q_rounded, int total_q) {
   return total_q >= 0 ? int64_t(heads_q) * bwd_packed_ws_rows(total_q, batch)
                       : int64_t(batch) * heads_q * seqlen_q_rounded;

@@ -975,7 +975,9 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
 // ---------------------------------------------------------------------------
 // 3. dq = scale * dq_accum, in dtype. Grid (ceil(Sq * D/8 / 256), heads_q, batch): one thread per
 // 16-byte chunk of a D-wide accumulator row; chunks past the true head dimension have nothing to do.
-template <class Cfg>
+// kPairedRows: the accumulator rows of each 16-query group are in the order the Hopper kernel's dQ boxes
+// have (bwd_dq_paired_row: queries r and r + 8 side by side), else in query order.
+template <class Cfg, bool kPairedRows = false>
 FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_convert_dq_kernel(const BwdParams p) {
   using Elem = typename ElemOf<Cfg::kDType>::type;
   constexpr int D = Cfg::kHeadDim;
@@ -996,7 +998,8 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_convert_
     if (row >= sq.used) s = 0.f;
   }
   if (row >= q_len || c * 8 >= p.headdim) return;
-  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + (ws + row) * D + c * 8);
+  const int ws_row = kPairedRows ? bwd_dq_paired_row(row) : row;
+  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + (ws + ws_row) * D + c * 8);
   const float4 x = src[0], y = src[1];
   uint4 out;
   out.x = pack2<Elem>(x.x * s, x.y * s);

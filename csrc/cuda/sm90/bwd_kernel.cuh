@@ -20,8 +20,8 @@
 //                (K MN-major)
 //   D = 64:      dQ_i += dS_i[:, keys of c] K[keys of c, :]     SS wgmma m64n64, K = 64 keys
 //   dQ fragments -> D = 64, 128: shared memory, then one TMA reduce-add per 32-column box by one thread
-//                   of the consumer (cp.reduce.async.bulk.tensor); D = 96: red.global.add.v2.f32. Into the
-//                   fp32 accumulator, unscaled.
+//                   of the consumer (cp.reduce.async.bulk.tensor; rows of 16-query groups paired, see
+//                   bwd_dq_paired_row); D = 96: red.global.add.v2.f32. Into the fp32 accumulator, unscaled.
 // dK (times softmax_scale) and dV are written from registers at the end. GQA: the walk covers every
 // query head of the kv head's group, so dK/dV are summed over the group without atomics.
 // D = 96 tiles are 32-column blocks in the 64B swizzle, K 16-column blocks in the 32B swizzle
@@ -89,6 +89,9 @@ struct Sm90BwdTraits {
   // the partial product of its own 64 keys (twice the atomics, a barrier of its own warpgroup). D = 96
   // splits the columns for the atomics: 12 red.v2 per thread and step instead of 24 over split keys.
   static constexpr bool kDQSplitKeys = kHeadDim == 64;
+  // dK's k16 steps issued before the dS barrier; the rest follow dQ and run under dQ's stores
+  // (FlashAttention-3's order; within noise of all of dK first, d128 bf16 on an H100).
+  static constexpr int kDKEarlySteps = 2;
   static constexpr int kDQCols = kDQSplitKeys ? kHeadDim : kHeadDim / 2;  // N of the dQ wgmma
   // K is dQ's MN-major B operand as well as S^T's K-major A. At D = 96 its blocks are 16 columns in the
   // 32B swizzle (32-byte rows, 256-byte atoms), so that each consumer's 48 dQ columns are three whole
@@ -544,6 +547,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
   [[maybe_unused]] const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;  // dense build
 
+  constexpr uint32_t kDOFromQ = T::kDOOff - T::kQOff;  // dO's descriptors: Q's, moved by this
+
   for (int it = 0; it < total; ++it) {
     const int s = it % T::kStages;
     const int hq = hk * p.head_ratio + it / per_head;
@@ -562,52 +567,57 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
 
     // S^T = K_c Q^T and dP^T = V_c dO^T: D/16 k16 steps each, (column block)/16 per column block.
-    // acc = A_c B^T with A = K or V (this consumer's 64 rows; a_is_k: K's column blocks, else V's), B = Q
-    // or dO, both K-major over D. a_is_k is a constant at each (inlined) call.
-    auto gemm_nt = [&](float (&acc)[kBM / 2], uint32_t sA, uint32_t sB, bool a_is_k) {
+    // Every product's k steps move one descriptor per operand with desc_advance (rebuilding each from its
+    // address took about ten dependent instructions per wgmma, slower than the tensor core drained them).
+    // acc = A_c B^T with A = K or V (this consumer's 64 rows, desc_a) and B = Q or dO (desc_b), both K-major
+    // over D; a_is_k (K's column blocks, else V's) is a constant at each (inlined) call.
+    auto gemm_nt = [&](float (&acc)[kBM / 2], uint64_t desc_a, uint64_t desc_b, bool a_is_k) {
       constexpr int kSteps = T::kColBlock / 16, kKSteps = T::kKColBlock / 16;
 #pragma unroll
       for (int k = 0; k < kD / 16; ++k) {
+        const uint32_t aoff = a_is_k ? (k / kKSteps) * T::kKBlock + (k % kKSteps) * 32
+                                     : (k / kSteps) * T::kKVBlock + (k % kSteps) * 32;
         const uint32_t boff = (k / kSteps) * T::kQBlock + (k % kSteps) * 32;
-        const uint64_t da =
-            a_is_k ? bwd_tile_desc<T::kKRowBytes>(
-                         sA + (k / kKSteps) * T::kKBlock + 64 * c * T::kKRowBytes + (k % kKSteps) * 32, 16)
-                   : bwd_tile_desc<T::kRowBytes>(
-                         sA + (k / kSteps) * T::kKVBlock + 64 * c * T::kRowBytes + (k % kSteps) * 32, 16);
-        wgmma_ss<T::kBf16, kBM, 0>(acc, da, bwd_tile_desc<T::kRowBytes>(sB + boff, 16), k > 0);
+        wgmma_ss<T::kBf16, kBM, 0>(acc, desc_advance(desc_a, aoff), desc_advance(desc_b, boff), k > 0);
       }
       wgmma_commit();
     };
     float st[kBM / 2], dpt[kBM / 2];
+    const uint64_t desc_q_kmajor = bwd_tile_desc<T::kRowBytes>(sQ, 16);
     wgmma_fence();
-    gemm_nt(st, sK, sQ, true);
-    gemm_nt(dpt, sV, sDO, false);
+    gemm_nt(st, bwd_tile_desc<T::kKRowBytes>(sK + 64 * c * T::kKRowBytes, 16), desc_q_kmajor, true);
+    gemm_nt(dpt, bwd_tile_desc<T::kRowBytes>(sV + 64 * c * T::kRowBytes, 16), desc_advance(desc_q_kmajor, kDOFromQ), false);
 
-    // P^T while dP^T runs. Columns (queries) of n8 block i: q0 + 8i + 2t (+1).
+    // P^T while dP^T runs. Columns (queries) of n8 block i: q0 + 8i + 2t (+1); their lse_log2 are read
+    // while the wgmmas run (a read after the wait stalled on the shared memory the wgmmas load).
+    const uint32_t sLse = base + T::kLseOff + s * kBM * 4, sDsum = base + T::kDsumOff + s * kBM * 4;
+    [[maybe_unused]] float lse_cols[kBM / 4];
+    if constexpr (!T::kVariants) {
+#pragma unroll
+      for (int i = 0; i < kBM / 8; ++i)
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                     : "=f"(lse_cols[2 * i]), "=f"(lse_cols[2 * i + 1])
+                     : "r"(sLse + (8 * i + 2 * t) * 4));
+    }
     wgmma_wait<1>();
     fence_regs(st);
-    const uint32_t sLse = base + T::kLseOff + s * kBM * 4, sDsum = base + T::kDsumOff + s * kBM * 4;
     uint32_t pa[kBM / 16][4], da[kBM / 16][4];
     if constexpr (!T::kVariants) {
-      const bool need_mask =
-          key0 + kBN > p.seqlen_k || (p.causal && int64_t(key0) + kBN - 1 > int64_t(q0) + causal_shift);
 #pragma unroll
-      for (int i = 0; i < kBM / 8; ++i) {
-        const int col = 8 * i + 2 * t;
-        float lse0, lse1;
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(lse0), "=f"(lse1) : "r"(sLse + col * 4));
+      for (int i = 0; i < kBM / 2; ++i) st[i] = exp2f(st[i] * p.scale_log2 - lse_cols[2 * (i / 4) + (i & 1)]);
+      // Keys past Sk and, causal, right of the diagonal: zeroed in a pass of its own, behind one branch for the
+      // tiles that need it (a test inside the loop above branched once per element).
+      if (key0 + kBN > p.seqlen_k || (p.causal && int64_t(key0) + kBN - 1 > int64_t(q0) + causal_shift)) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float lse = (e & 1) ? lse1 : lse0;
-          float x = exp2f(st[4 * i + e] * p.scale_log2 - lse);
-          if (need_mask) {
+        for (int i = 0; i < kBM / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
             const int key = key_lo + ((e & 2) ? 8 : 0);
-            const int64_t q = int64_t(q0) + col + (e & 1);
-            if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) x = 0.f;
+            const int64_t q = int64_t(q0) + 8 * i + 2 * t + (e & 1);
+            if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) st[4 * i + e] = 0.f;
           }
-          st[4 * i + e] = x;  // P^T from here on
-        }
       }
+      // st holds P^T from here on.
     } else {
       // P^T into pa and, softcap, P^T (1 - tanh^2) into st (bwd_variant_probs); masked where this
       // consumer's 64 keys cross Sk or a window edge for some of the 64 queries.
@@ -635,10 +645,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
         for (int r = 0; r < 4; ++r) pa[j][r] = fragment(st, j, r);
     }
+    const uint64_t desc_q_mnmajor = bwd_tile_desc<T::kRowBytes>(sQ, T::kQBlock);
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < kBM / 16; ++j)
-      wgmma_rs<T::kBf16, kD, 1>(acc_dv, pa[j], bwd_tile_desc<T::kRowBytes>(sDO + j * 2 * T::kAtomBytes, T::kQBlock), 1);
+      wgmma_rs<T::kBf16, kD, 1>(acc_dv, pa[j], desc_advance(desc_q_mnmajor, kDOFromQ + j * 2 * T::kAtomBytes), 1);
     wgmma_commit();
 
     wgmma_wait<1>();  // dP^T done (dV may still run)
@@ -646,9 +657,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // dS^T = P^T (dP^T - D), then dK += dS^T Q.
 #pragma unroll
     for (int i = 0; i < kBM / 8; ++i) {
-      const int col = 8 * i + 2 * t;
       float d0, d1;
-      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(d0), "=f"(d1) : "r"(sDsum + col * 4));
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(d0), "=f"(d1) : "r"(sDsum + (8 * i + 2 * t) * 4));
 #pragma unroll
       for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? d1 : d0));
     }
@@ -656,11 +666,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     for (int j = 0; j < kBM / 16; ++j)
 #pragma unroll
       for (int r = 0; r < 4; ++r) da[j][r] = fragment(dpt, j, r);
-    wgmma_fence();
+    // dK += dS^T Q in two parts: k steps 0 .. kDKEarlySteps - 1 run under the dS stores and the barrier,
+    // the rest after dQ, under dQ's stores (see Sm90BwdTraits::kDKEarlySteps).
+    auto gemm_dk = [&](int j0, int j1) {
+      wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < kBM / 16; ++j)
-      wgmma_rs<T::kBf16, kD, 1>(acc_dk, da[j], bwd_tile_desc<T::kRowBytes>(sQ + j * 2 * T::kAtomBytes, T::kQBlock), 1);
-    wgmma_commit();
+      for (int j = j0; j < j1; ++j)
+        wgmma_rs<T::kBf16, kD, 1>(acc_dk, da[j], desc_advance(desc_q_mnmajor, j * 2 * T::kAtomBytes), 1);
+      wgmma_commit();
+    };
+    if constexpr (T::kDKEarlySteps > 0) gemm_dk(0, T::kDKEarlySteps);
 
     // dS (this consumer's 64 keys = key block c of the [query][key] tile) through stmatrix.trans:
     // matrix mi of k step j holds keys 16 warp + 8 (mi % 2) .. +7 x queries 16j + 8 (mi / 2) .. +7.
@@ -683,39 +698,29 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // dQ[:, n0 .. n0 + D/2 - 1] = dS K[:, n0 ..], n0 = c D/2: A = dS (K-major over the 128 keys, key
       // blocks kDSBlock apart), B = K's column blocks from n0 on (MN-major: 16 key rows per k step, blocks
       // kKBlock apart).
+      const uint64_t desc_ds = make_desc_sw128(sDS, 16, 1024);
+      const uint64_t desc_k = bwd_tile_desc<T::kKRowBytes>(sK + c * (T::kDQCols / T::kKColBlock) * T::kKBlock, T::kKBlock);
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kBN / 16; ++k)
-        wgmma_ss<T::kBf16, T::kDQCols, 1>(
-            dq, make_desc_sw128(sDS + (k / 4) * T::kDSBlock + (k % 4) * 32, 16, 1024),
-            bwd_tile_desc<T::kKRowBytes>(sK + c * (T::kDQCols / T::kKColBlock) * T::kKBlock + k * 16 * T::kKRowBytes,
-                                         T::kKBlock),
-            k > 0);
+        wgmma_ss<T::kBf16, T::kDQCols, 1>(dq, desc_advance(desc_ds, (k / 4) * T::kDSBlock + (k % 4) * 32),
+                                          desc_advance(desc_k, k * 16 * T::kKRowBytes), k > 0);
     } else {
       if (c == 0) named_bar_sync<2, 128>();  // this consumer's key block of dS written
       else named_bar_sync<3, 128>();
       // dQ (partial) = dS[:, 64c .. 64c+63] K[64c .. 64c+63, :]: A = key block c of dS, B = rows
       // 64c .. of K (MN-major, one 64-column block).
+      const uint64_t desc_ds = make_desc_sw128(sDS + c * T::kDSBlock, 16, 1024);
+      const uint64_t desc_k = make_desc_sw128(sK + 64 * c * 128, T::kKBlock, 1024);
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        wgmma_ss<T::kBf16, 64, 1>(dq, make_desc_sw128(sDS + c * T::kDSBlock + k * 32, 16, 1024),
-                                  make_desc_sw128(sK + (64 * c + 16 * k) * 128, T::kKBlock, 1024), k > 0);
+        wgmma_ss<T::kBf16, 64, 1>(dq, desc_advance(desc_ds, k * 32), desc_advance(desc_k, 16 * k * 128), k > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
+    gemm_dk(T::kDKEarlySteps, kBM / 16);
+    wgmma_wait<1>();  // dQ done (dK may still run)
     fence_regs(dq);
-    fence_regs(acc_dv);
-    fence_regs(acc_dk);
-    // The RS wgmma read pa/da after their issue: keep the registers alive (unreused) until here.
-#pragma unroll
-    for (int j = 0; j < kBM / 16; ++j) {
-      fence_regs_u32(pa[j]);
-      fence_regs_u32(da[j]);
-    }
-    // Every read of this stage's Q, dO, lse, D is done: hand it back to the producer. Each thread arrives,
-    // so each one's release covers its own shared-memory reads of lse and D.
-    mbar_arrive(bar_empty(s));
 
     // Packed: rows past used_q have dS = 0 exactly (Q, dO rows zeroed, lse_log2 = +inf, D = 0) and add
     // zeros to workspace rows the sequence owns (the tile ends inside its round_up(len, kBwdSeqQPad)),
@@ -729,18 +734,21 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // Whole 64-row boxes: rows past Sq (dense) or used_q (packed) add dS = 0 exactly (Q, dO rows zero-filled
       // or zeroed, lse_log2 = +inf and D = 0 there) to the padding rows of the workspace (within
       // seqlen_q_rounded, or the sequence's own rows), which the convert kernel does not read.
-      // Element (row, col) of box col / 32: row * 128 + 16 (chunk ^ row % 8) + 4 (col % 4), chunk = col % 32 / 4;
-      // a warp's float2 stores of one n8 block land in 8 rows x 2 chunks, two wavefronts. This thread's rows
-      // are 16 warp + g (+ 8) and its columns 8i + 2t (+1): chunk = 2 (i % 4) + t / 2, so the address is a
-      // per-thread base plus (32 (i % 4)) ^ (16 (g & 6)) plus constants.
-      const uint32_t sDQ = base + T::kDQOff + c * T::kDQConsumerBytes + (16 * warp + g) * 128 +
-                           ((((t / 2) ^ (g & 1)) << 4) | ((t % 2) * 8));
-      const uint32_t swz = 16u * (g & 6);
+      // Box rows hold the queries of each 16-row group paired (bwd_dq_paired_row: query 16 w + g + 8 h at box row
+      // 16 w + 2 g + h), and the convert kernel reads them back in that order: a half-warp's float2 stores of one
+      // n8 block (rows g = 0..3 or 4..7, columns 8i + 2t, +1) then fall in four different 128B-swizzle phases
+      // 2 g + h and fill all 32 banks, where rows in query order (phases g) met two ways per bank.
+      // Element (box row j, col) of box col / 32 is at j * 128 + 16 (chunk ^ j % 8) + 4 (col % 4), chunk = col % 32 / 4
+      // = 2 (i % 4) + t / 2: for row 16 w + 2 g + h that is a per-thread base (h = 0) plus (32 (i % 4)) ^ (32 (g % 4)),
+      // and for h = 1 the next row with the chunk's low bit (address bit 4) flipped with the phase's.
+      const uint32_t sDQ = base + T::kDQOff + c * T::kDQConsumerBytes + (16 * warp + 2 * g) * 128 + (t / 2) * 16 +
+                           (t % 2) * 8;
+      const uint32_t swz = 32u * (g & 3);
 #pragma unroll
       for (int i = 0; i < T::kDQCols / 8; ++i) {
         const uint32_t addr = sDQ + (i / 4) * T::kDQBox + ((32u * (i % 4)) ^ swz);
         st_shared_v2_f32(addr, dq[4 * i], dq[4 * i + 1]);
-        st_shared_v2_f32(addr + 8 * 128, dq[4 * i + 2], dq[4 * i + 3]);
+        st_shared_v2_f32((addr ^ 16u) + 128, dq[4 * i + 2], dq[4 * i + 3]);
       }
       fence_proxy_async_smem();
       if (c == 0) named_bar_sync<4, 128>();
@@ -769,6 +777,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
     }
+    wgmma_wait<0>();
+    fence_regs(acc_dv);
+    fence_regs(acc_dk);
+    // The RS wgmma read pa/da after their issue: keep the registers alive (unreused) until here.
+#pragma unroll
+    for (int j = 0; j < kBM / 16; ++j) {
+      fence_regs_u32(pa[j]);
+      fence_regs_u32(da[j]);
+    }
+    // Every read of this stage's Q, dO, lse, D is done: hand it back to the producer. Each thread arrives,
+    // so each one's release covers its own shared-memory reads of lse and D.
+    mbar_arrive(bar_empty(s));
   }
   // The dQ boxes stay allocated (and the adds reach the accumulator) until the reduce-adds are done.
   if (T::kDQBulk && ctid == 0) tma_store_wait<0>();
@@ -834,6 +854,7 @@ struct Sm90BwdWideTraits {
   static constexpr bool kSupportsVariants = !kKeySplit;
   static constexpr bool kPacked = false;  // see Sm90BwdTraits; built where the variants are
   static constexpr bool kLongestFirst = false;  // see Sm90BwdTraits
+  static constexpr bool kDQBulk = false;        // dQ adds with red.global.add (see Sm90BwdTraits)
   static_assert(kHeadDim == 160 || kHeadDim == 192 || kHeadDim == 224 || kHeadDim == 256,
                 "the sm90 wide backward takes D = 160, 192, 224 or 256");
   static_assert(kBlockN_ == 64 || (kBlockN_ == 96 && kHeadDim == 192), "B_c = 64, or 96 at D = 192");
