@@ -202,8 +202,8 @@ def test_swizzle_models_agree_with_the_table():
 # the forward's column-block layouts (geometry above with block_m = 64), K in the same except at width 96
 # (16-column blocks, 32-byte rows, 32B swizzle); dS as [query][key] in 64-key blocks of 128-byte rows (128B
 # swizzle, written by stmatrix.trans) whatever the width. Mirrored: gemm_nt (S^T, dP^T), the dV / dK wgmma_rs,
-# the dQ wgmma_ss of both forms (split keys at D = 64, split columns at 96 and 128) and the dS stmatrix
-# addresses.
+# the dQ wgmma_ss of both forms (split keys at D = 64, split columns at 96 and 128), the dS stmatrix
+# addresses and the fp32 dQ box stores (rows paired, bwd_dq_paired_row).
 
 BWD_WIDTHS = (64, 96, 128)
 
@@ -256,22 +256,24 @@ def bwd_tile_desc(row_bytes, addr, lbo):
 
 
 def bwd_nt_descs(t, width, s_a, s_b, c, a_is_k):
-    """gemm_nt: (desc_a, desc_b) of each k16 step; A = rows 64c.. of K (K's blocks) or V, B = Q or dO, both
-    K-major."""
+    """gemm_nt: (desc_a, desc_b) of each k16 step, moved from the product's first with desc_advance; A = rows
+    64c.. of K (K's blocks) or V, B = Q or dO, both K-major."""
     steps = t["col_block"] // 16
     a = t["kg"] if a_is_k else t
     a_steps = a["col_block"] // 16
+    desc_a = bwd_tile_desc(a["row_bytes"], s_a + 64 * c * a["row_bytes"], 16)
+    desc_b = bwd_tile_desc(t["row_bytes"], s_b, 16)
     out = []
     for k in range(width // 16):
-        aoff = (k // a_steps) * a["kv_block"] + 64 * c * a["row_bytes"] + (k % a_steps) * 32
+        aoff = (k // a_steps) * a["kv_block"] + (k % a_steps) * 32
         boff = (k // steps) * t["q_block"] + (k % steps) * 32
-        out.append((bwd_tile_desc(a["row_bytes"], s_a + aoff, 16), bwd_tile_desc(t["row_bytes"], s_b + boff, 16)))
+        out.append((desc_advance(desc_a, aoff), desc_advance(desc_b, boff)))
     return out
 
 
 def bwd_dkv_desc(t, s_b, j):
     """dV += P^T dO, dK += dS^T Q: desc_b of k16 step j (queries 16j ..), MN-major, N = D."""
-    return bwd_tile_desc(t["row_bytes"], s_b + j * 2 * t["atom"], t["q_block"])
+    return desc_advance(bwd_tile_desc(t["row_bytes"], s_b, t["q_block"]), j * 2 * t["atom"])
 
 
 def bwd_dq_descs(t, s_ds, s_k, c):
@@ -279,14 +281,16 @@ def bwd_dq_descs(t, s_ds, s_k, c):
     out = []
     kg = t["kg"]
     if t["split_keys"]:
+        desc_ds = make_desc_sw(128, s_ds + c * t["ds_block"], 16, 1024)
+        desc_k = make_desc_sw(128, s_k + 64 * c * 128, kg["kv_block"], 1024)
         for k in range(4):
-            out.append((make_desc_sw(128, s_ds + c * t["ds_block"] + k * 32, 16, 1024),
-                        make_desc_sw(128, s_k + (64 * c + 16 * k) * 128, kg["kv_block"], 1024)))
+            out.append((desc_advance(desc_ds, k * 32), desc_advance(desc_k, 16 * k * 128)))
         return out, 0
+    desc_ds = make_desc_sw(128, s_ds, 16, 1024)
+    desc_k = bwd_tile_desc(kg["row_bytes"], s_k + c * (t["dq_cols"] // kg["col_block"]) * kg["kv_block"], kg["kv_block"])
     for k in range(BWD_N // 16):
-        b = s_k + c * (t["dq_cols"] // kg["col_block"]) * kg["kv_block"] + k * 16 * kg["row_bytes"]
-        out.append((make_desc_sw(128, s_ds + (k // 4) * t["ds_block"] + (k % 4) * 32, 16, 1024),
-                    bwd_tile_desc(kg["row_bytes"], b, kg["kv_block"])))
+        out.append((desc_advance(desc_ds, (k // 4) * t["ds_block"] + (k % 4) * 32),
+                    desc_advance(desc_k, k * 16 * kg["row_bytes"])))
     return out, t["dq_cols"] * c
 
 
@@ -385,6 +389,49 @@ def test_bwd_ds_stmatrix():
                     for e in range(8):
                         assert a + 2 * e == ds_byte(t, s_ds, q, key0 + e)
 
+
+
+def bwd_dq_paired_row(r):
+    """bwd_params.h bwd_dq_paired_row: the accumulator (and dQ box) row of query offset r."""
+    return (r & ~15) | ((r & 7) << 1) | ((r >> 3) & 1)
+
+
+def bwd_dq_box_store(t, c, warp, lane, i, h):
+    """The st.shared.v2.f32 address of dQ fragment (n8 block i, row half h) of consumer c's thread (warp, lane)."""
+    g, tq = lane // 4, lane % 4
+    s_dq = BASE + t["dq"] + c * (t["dq_cols"] // 32) * BWD_M * 128 + (16 * warp + 2 * g) * 128 + (tq // 2) * 16 \
+        + (tq % 2) * 8
+    swz = 32 * (g & 3)
+    addr = s_dq + (i // 4) * BWD_M * 128 + ((32 * (i % 4)) ^ swz)
+    return addr if h == 0 else (addr ^ 16) + 128
+
+
+@pytest.mark.parametrize("width", (64, 128))
+def test_bwd_dq_box_stores(width):
+    """dQ fragments into the fp32 boxes the TMA reduce-adds: element (query 16 warp + g + 8h, column 8i + 2t
+    (+1)) of the fragment lands where a 128B-swizzled box of 32 columns (128-byte rows) holds it at row
+    bwd_dq_paired_row(query), each box element once; a half-warp's 64-bit stores hit 32 different banks."""
+    t = bwd_traits(width)
+    assert sorted(bwd_dq_paired_row(r) for r in range(64)) == list(range(64))
+    for c in (0, 1):
+        boxes = BASE + t["dq"] + c * (t["dq_cols"] // 32) * BWD_M * 128
+        seen = set()
+        for warp in range(4):
+            for i in range(t["dq_cols"] // 8):
+                for h in (0, 1):
+                    for half in (0, 1):
+                        banks = set()
+                        for lane in range(16 * half, 16 * half + 16):
+                            g, tq = lane // 4, lane % 4
+                            query, col = 16 * warp + g + 8 * h, 8 * i + 2 * tq
+                            a = bwd_dq_box_store(t, c, warp, lane, i, h)
+                            box = boxes + (col // 32) * BWD_M * 128
+                            for e in (0, 1):
+                                assert a + 4 * e == tma_byte(box, 128, bwd_dq_paired_row(query), 2 * ((col + e) % 32))  # 16-bit units
+                                seen.add(a + 4 * e)
+                                banks.add((a + 4 * e) // 4 % 32)
+                        assert len(banks) == 32
+        assert len(seen) == BWD_M * t["dq_cols"]
 
 # ---------------------------------------------------------------- the wide backward (bwd_kernel_sm90_wide)
 #
