@@ -232,8 +232,10 @@ MULTICAST_BUILD_CAUSAL = {128: (2048, 8192), 256: (1024, 1 << 62)}
 PERSISTENT_REGISTER_O_FROM = {128: 4096}
 # Tile widths whose backward default on compute capability 9.0 is the wgmma kernel (sm90.bwd.*) rather
 # than the first listed mma.sync config: 1.15-1.28x the fastest mma.sync backward at d128 (H200, bf16,
-# 1k-16k, causal or not); 1.30-1.34x at d96 and 1.13-1.37x at d160-256 (H100, bf16, 4k, causal or not).
-HOPPER_BACKWARD_HEADDIMS = (96, 128, 160, 192, 224, 256)
+# 1k-16k, causal or not); 1.09-1.34x at d64 (H100, bf16, causal 1k-16k); 1.30-1.34x at d96 and
+# 1.13-1.37x at d160-256 (H100, bf16, 4k, causal or not). A problem an mma.sync tile narrower than the
+# wgmma kernel's holds (d32) keeps the mma.sync kernel: the wgmma one would compute twice its columns.
+HOPPER_BACKWARD_HEADDIMS = (64, 96, 128, 160, 192, 224, 256)
 
 
 def mma_sync_backward_config(q: torch.Tensor, k: torch.Tensor, causal: bool, variants: bool = False,
@@ -369,7 +371,8 @@ def _choose(device: DeviceInfo, problem: Problem, pool: list, tuned: dict | None
         return tuned[key], f"tuned cache entry {key}"
     if problem.direction == "backward":
         hopper_bwd = [c for c in pool if isinstance(c, HopperBackwardConfig)]
-        if hopper_bwd and hopper_bwd[0].headdim in HOPPER_BACKWARD_HEADDIMS:
+        mma_sync_width = min((c.headdim for c in pool if not isinstance(c, HopperBackwardConfig)), default=1 << 30)
+        if hopper_bwd and hopper_bwd[0].headdim in HOPPER_BACKWARD_HEADDIMS and hopper_bwd[0].headdim <= mma_sync_width:
             return hopper_bwd[0].name, "backward default on compute capability 9.0: the wgmma kernel"
         # Backward configs are listed best first per headdim (flashop/configs.py, BACKWARD_CONFIGS).
         pool = [c for c in pool if not isinstance(c, HopperBackwardConfig)] or pool

@@ -243,7 +243,7 @@ def test_backward_policy_returns_a_built_config_that_fits(device):
                   and c.headdim >= -(-problem.headdim // 8) * 8]
         if device.capability == (9, 0) and hopper:
             narrowest = min(hopper, key=lambda c: c.headdim)
-            if narrowest.headdim in dispatch.HOPPER_BACKWARD_HEADDIMS:
+            if narrowest.headdim in dispatch.HOPPER_BACKWARD_HEADDIMS and narrowest.headdim <= width:
                 assert name == narrowest.name  # the wgmma kernel
                 continue
         assert name == fitting[0].name  # the first listed mma.sync config that fits
@@ -254,9 +254,11 @@ def test_backward_wgmma_kernel_only_on_compute_capability_9_0():
     problem = dispatch.Problem("bf16", 128, 4096, 4096, 16, True, "backward")
     assert dispatch.choose_config(DEVICES["H100"], problem, ALL_BUILT_BACKWARD)[0] == "sm90.bwd.bf16.d128.br64.bc128"
     assert dispatch.choose_config(DEVICES["A100"], problem, ALL_BUILT_BACKWARD)[0].startswith("bwd.")
-    # Another head dimension on 9.0 keeps the mma.sync default.
     d64 = dataclasses.replace(problem, headdim=64)
-    assert dispatch.choose_config(DEVICES["H100"], d64, ALL_BUILT_BACKWARD)[0].startswith("bwd.bf16.d64.")
+    assert dispatch.choose_config(DEVICES["H100"], d64, ALL_BUILT_BACKWARD)[0] == "sm90.bwd.bf16.d64.br64.bc128"
+    # A problem a narrower mma.sync tile holds keeps it: the wgmma kernel's narrowest width is 64.
+    d32 = dataclasses.replace(problem, headdim=32)
+    assert dispatch.choose_config(DEVICES["H100"], d32, ALL_BUILT_BACKWARD)[0].startswith("bwd.bf16.d32.")
 
 
 def test_backward_lpt_builds_are_causal_tuner_candidates_not_defaults():
