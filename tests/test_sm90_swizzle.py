@@ -471,15 +471,17 @@ def wide_traits(width):
     return t
 
 
-def wide_nt_descs(t, width, s_a, s_b, c):
-    """gemm_nt: (desc_a, desc_b) of each k16 step; A = all 64 rows of K or V, B = rows 32c .. of Q or dO."""
+def wide_nt_descs(t, width, desc_a, s_b, c):
+    """gemm_nt: (desc_a, desc_b) of each k16 step, moved from the product's first with desc_advance; A = all 64
+    rows of K or V (desc_a: K's descriptor, or K's moved to V, as the kernel builds V's), B = rows 32c .. of Q or
+    dO."""
     steps = t["col_block"] // 16
+    desc_b = bwd_tile_desc(t["row_bytes"], s_b + 32 * c * t["row_bytes"], 16)
     out = []
     for k in range(width // 16):
         koff = (k % steps) * 32
-        out.append((bwd_tile_desc(t["row_bytes"], s_a + (k // steps) * t["kv_block"] + koff, 16),
-                    bwd_tile_desc(t["row_bytes"], s_b + (k // steps) * t["q_block"] + 32 * c * t["row_bytes"] + koff,
-                                  16)))
+        out.append((desc_advance(desc_a, (k // steps) * t["kv_block"] + koff),
+                    desc_advance(desc_b, (k // steps) * t["q_block"] + koff)))
     return out
 
 
@@ -497,17 +499,18 @@ def wide_score_byte(s_buf, q, key):
 
 
 def wide_dkv_descs(t, s_score, s_b, c, j):
-    """dV += P^T dO[:, half c] (dK += dS^T Q[:, half c]), k16 step j: (desc_a MN-major, desc_b MN-major)."""
-    return (make_desc_sw(128, s_score + j * 2048, t["p_block"], 1024),
-            bwd_tile_desc(t["row_bytes"], s_b + c * t["half_blocks"] * t["q_block"] + j * 2 * t["atom"], t["q_block"]))
+    """dV += P^T dO[:, half c] (dK += dS^T Q[:, half c]), k16 step j: (desc_a MN-major, desc_b MN-major), each the
+    step's first descriptor moved by desc_advance."""
+    desc_a = make_desc_sw(128, s_score, t["p_block"], 1024)
+    desc_b = bwd_tile_desc(t["row_bytes"], s_b + c * t["half_blocks"] * t["q_block"], t["q_block"])
+    return desc_advance(desc_a, j * 2048), desc_advance(desc_b, j * 2 * t["atom"])
 
 
 def wide_dq_descs(t, s_ds, s_k, c):
     """dQ[:, half c] = dS K[:, half c]: (desc_a K-major, desc_b MN-major) of each k16 step over the 64 keys."""
-    return [(make_desc_sw(128, s_ds + k * 32, 16, 1024),
-             bwd_tile_desc(t["row_bytes"], s_k + c * t["half_blocks"] * t["kv_block"] + k * 16 * t["row_bytes"],
-                           t["kv_block"]))
-            for k in range(WIDE_N // 16)]
+    desc_a = make_desc_sw(128, s_ds, 16, 1024)
+    desc_b = bwd_tile_desc(t["row_bytes"], s_k + c * t["half_blocks"] * t["kv_block"], t["kv_block"])
+    return [(desc_advance(desc_a, k * 32), desc_advance(desc_b, k * 16 * t["row_bytes"])) for k in range(WIDE_N // 16)]
 
 
 @pytest.mark.parametrize("width", WIDE_WIDTHS)
@@ -530,9 +533,10 @@ def test_wide_st_dpt_operands(width):
     Q (dO), as the TMA loads placed them."""
     t = wide_traits(width)
     s_q = WIDE_BASE + t["q"] + t["q_tile"]  # stage 1
-    for s_a in (WIDE_BASE + t["k"], WIDE_BASE + t["v"]):
+    desc_k = bwd_tile_desc(t["row_bytes"], WIDE_BASE + t["k"], 16)
+    for s_a, desc_a in ((WIDE_BASE + t["k"], desc_k), (WIDE_BASE + t["v"], desc_advance(desc_k, t["v"] - t["k"]))):
         for c in (0, 1):
-            for k, (da, db) in enumerate(wide_nt_descs(t, width, s_a, s_q, c)):
+            for k, (da, db) in enumerate(wide_nt_descs(t, width, desc_a, s_q, c)):
                 for kk in range(16):
                     col = 16 * k + kk
                     if c == 0:

@@ -1007,6 +1007,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
   [[maybe_unused]] const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;  // dense build
 
+  constexpr uint32_t kDOFromQ = T::kDOOff - T::kQOff;  // dO's descriptors: Q's, moved by this
+
   for (int it = 0; it < total; ++it) {
     const int s = it % T::kStages;
     const int hq = hk * p.head_ratio + it / per_head;
@@ -1026,22 +1028,24 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
 
     // S^T = K Q_c^T and dP^T = V dO_c^T over D (K-major both): A = all 64 rows of K or V, B = rows
-    // qc .. qc+31 of Q or dO (four atoms into each column block).
-    auto gemm_nt = [&](float (&acc)[16], uint32_t sA, uint32_t sB) {
+    // qc .. qc+31 of Q or dO (four atoms into each column block). Each product moves one descriptor per
+    // operand with desc_advance (as bwd_kernel_sm90's); V's and dO's are K's and Q's moved.
+    auto gemm_nt = [&](float (&acc)[16], uint64_t desc_a, uint64_t desc_b) {
       constexpr int kSteps = T::kColBlock / 16;
 #pragma unroll
       for (int k = 0; k < kD / 16; ++k) {
         const uint32_t koff = (k % kSteps) * 32;
-        wgmma_ss<T::kBf16, 32, 0>(acc, bwd_tile_desc<T::kRowBytes>(sA + (k / kSteps) * T::kKVBlock + koff, 16),
-                                  bwd_tile_desc<T::kRowBytes>(sB + (k / kSteps) * T::kQBlock + qc * T::kRowBytes + koff, 16),
-                                  k > 0);
+        wgmma_ss<T::kBf16, 32, 0>(acc, desc_advance(desc_a, (k / kSteps) * T::kKVBlock + koff),
+                                  desc_advance(desc_b, (k / kSteps) * T::kQBlock + koff), k > 0);
       }
       wgmma_commit();
     };
     float st[16], dpt[16];
+    const uint64_t desc_k_kmajor = bwd_tile_desc<T::kRowBytes>(sK, 16);
+    const uint64_t desc_q_kmajor = bwd_tile_desc<T::kRowBytes>(sQ + qc * T::kRowBytes, 16);
     wgmma_fence();
-    gemm_nt(st, sK, sQ);
-    gemm_nt(dpt, sV, sDO);
+    gemm_nt(st, desc_k_kmajor, desc_q_kmajor);
+    gemm_nt(dpt, desc_advance(desc_k_kmajor, T::kVOff - T::kKOff), desc_advance(desc_q_kmajor, kDOFromQ));
 
     // Fragments of an m64n32 accumulator as the 16-bit A layout of k16 step j (queries 16j .. 16j+15):
     // r = 0: n8 block 2j rows g; 1: block 2j rows g+8; 2, 3: block 2j+1.
@@ -1062,31 +1066,36 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     };
 
-    // P^T while dP^T runs. Columns (queries) of n8 block i: q0 + qc + 8i + 2t (+1).
+    // P^T while dP^T runs. Columns (queries) of n8 block i: q0 + qc + 8i + 2t (+1); their lse_log2 are
+    // read while the wgmmas run (as bwd_kernel_sm90's).
+    const uint32_t sLse = base + T::kLseOff + s * kBM * 4 + qc * 4, sDsum = base + T::kDsumOff + s * kBM * 4 + qc * 4;
+    [[maybe_unused]] float lse_cols[8];
+    if constexpr (!T::kVariants) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                     : "=f"(lse_cols[2 * i]), "=f"(lse_cols[2 * i + 1])
+                     : "r"(sLse + (8 * i + 2 * t) * 4));
+    }
     wgmma_wait<1>();
     fence_regs(st);
-    const uint32_t sLse = base + T::kLseOff + s * kBM * 4 + qc * 4, sDsum = base + T::kDsumOff + s * kBM * 4 + qc * 4;
     uint32_t fr[2][4];
     if constexpr (!T::kVariants) {
-      const bool need_mask =
-          key0 + kBN > p.seqlen_k || (p.causal && int64_t(key0) + kBN - 1 > int64_t(q0) + causal_shift);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = 8 * i + 2 * t;
-        float lse0, lse1;
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(lse0), "=f"(lse1) : "r"(sLse + col * 4));
+      for (int i = 0; i < 16; ++i) st[i] = exp2f(st[i] * p.scale_log2 - lse_cols[2 * (i / 4) + (i & 1)]);
+      // Keys past Sk and, causal, right of the diagonal: a pass of its own behind one branch (as
+      // bwd_kernel_sm90's).
+      if (key0 + kBN > p.seqlen_k || (p.causal && int64_t(key0) + kBN - 1 > int64_t(q0) + qc + causal_shift)) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float lse = (e & 1) ? lse1 : lse0;
-          float x = exp2f(st[4 * i + e] * p.scale_log2 - lse);
-          if (need_mask) {
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
             const int key = key_lo + ((e & 2) ? 8 : 0);
-            const int64_t q = int64_t(q0) + qc + col + (e & 1);
-            if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) x = 0.f;
+            const int64_t q = int64_t(q0) + qc + 8 * i + 2 * t + (e & 1);
+            if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) st[4 * i + e] = 0.f;
           }
-          st[4 * i + e] = x;  // P^T from here on
-        }
       }
+      // st holds P^T from here on.
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -1108,13 +1117,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     named_bar_sync<1, 256>();  // both consumers' queries of P written
     // dV[:, half c] += P^T dO[:, half c]: A = P^T (M = 64 keys = one 128-byte row span, MN-major; 16 query
     // rows per k step = two atoms), B = dO's column blocks of half c (MN-major, blocks kQBlock apart).
+    // The MN-major descriptors of P / dS (A) and of this consumer's half of Q / dO (B): dV's and dK's.
+    const uint64_t desc_p_mnmajor = make_desc_sw128(sP, T::kPBlock, 1024);
+    const uint64_t desc_q_mnmajor = bwd_tile_desc<T::kRowBytes>(sQ + col_c * T::kQBlock, T::kQBlock);
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < kBM / 16; ++j)
-      wgmma_ss<T::kBf16, kH, 1, 1>(acc_dv, make_desc_sw128(sP + j * 2048, T::kPBlock, 1024),
-                                   bwd_tile_desc<T::kRowBytes>(sDO + col_c * T::kQBlock + j * 2 * T::kAtomBytes,
-                                                               T::kQBlock),
-                                   1);
+      wgmma_ss<T::kBf16, kH, 1, 1>(acc_dv, desc_advance(desc_p_mnmajor, j * 2048),
+                                   desc_advance(desc_q_mnmajor, kDOFromQ + j * 2 * T::kAtomBytes), 1);
     wgmma_commit();
 
     wgmma_wait<1>();  // dP^T done (dV may still run)
@@ -1140,20 +1150,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // four k16 steps of 32 bytes), B = K's column blocks of half c (MN-major: 16 key rows per k step,
     // blocks kKVBlock apart).
     float dq[kH / 2];
+    const uint64_t desc_ds_kmajor = make_desc_sw128(sDS, 16, 1024);
+    const uint64_t desc_k_mnmajor = bwd_tile_desc<T::kRowBytes>(sK + col_c * T::kKVBlock, T::kKVBlock);
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kBN / 16; ++k)
-      wgmma_ss<T::kBf16, kH, 1>(dq, make_desc_sw128(sDS + k * 32, 16, 1024),
-                                bwd_tile_desc<T::kRowBytes>(sK + col_c * T::kKVBlock + k * 16 * T::kRowBytes,
-                                                            T::kKVBlock),
-                                k > 0);
+      wgmma_ss<T::kBf16, kH, 1>(dq, desc_advance(desc_ds_kmajor, k * 32),
+                                desc_advance(desc_k_mnmajor, k * 16 * T::kRowBytes), k > 0);
     wgmma_commit();
 #pragma unroll
     for (int j = 0; j < kBM / 16; ++j)
-      wgmma_ss<T::kBf16, kH, 1, 1>(acc_dk, make_desc_sw128(sDS + j * 2048, T::kPBlock, 1024),
-                                   bwd_tile_desc<T::kRowBytes>(sQ + col_c * T::kQBlock + j * 2 * T::kAtomBytes,
-                                                               T::kQBlock),
-                                   1);
+      wgmma_ss<T::kBf16, kH, 1, 1>(acc_dk, desc_advance(desc_p_mnmajor, T::kDSOff - T::kPOff + j * 2048),
+                                   desc_advance(desc_q_mnmajor, j * 2 * T::kAtomBytes), 1);
     wgmma_commit();
     wgmma_wait<1>();  // dV and dQ done (dK may still run)
     fence_regs(dq);
