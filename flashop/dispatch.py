@@ -232,8 +232,8 @@ MULTICAST_BUILD_CAUSAL = {128: (2048, 8192), 256: (1024, 1 << 62)}
 PERSISTENT_REGISTER_O_FROM = {128: 4096}
 # Tile widths whose backward default on compute capability 9.0 is the wgmma kernel (sm90.bwd.*) rather
 # than the first listed mma.sync config: 1.15-1.28x the fastest mma.sync backward at d128 (H200, bf16,
-# 1k-16k, causal or not); 1.09-1.34x at d64 (H100, bf16, causal 1k-16k); 1.30-1.34x at d96 and
-# 1.13-1.37x at d160-256 (H100, bf16, 4k, causal or not). A problem an mma.sync tile narrower than the
+# 1k-16k, causal or not); 0.86-0.91x cuDNN at d64 against the mma.sync default's 0.67-0.73x (H200, 1k-16k,
+# causal or not); 1.30-1.34x at d96 and 1.13-1.37x at d160-256 (H100, bf16, 4k, causal or not). A problem an mma.sync tile narrower than the
 # wgmma kernel's holds (d32) keeps the mma.sync kernel: the wgmma one would compute twice its columns.
 HOPPER_BACKWARD_HEADDIMS = (64, 96, 128, 160, 192, 224, 256)
 
