@@ -699,8 +699,8 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
 #
-# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.lpt], sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64[.lpt] and
-# sm90.bwd.<dtype>.d192.br64.bc96[.lpt].
+# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.lpt], sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64[.rs][.lpt]
+# and sm90.bwd.<dtype>.d192.br64.bc96[.lpt].
 # FlashAttention-2's backward on wgmma + TMA: one producer and two consumer warpgroups per key tile of 128 rows
 # (csrc/cuda/sm90/bwd_kernel.cuh), of 64 rows at the wide widths (Sm90BwdWideTraits: the consumers split
 # dK, dV and dQ by columns, whose accumulators at 128 keys would not fit 240 registers; at B_c = 96,
@@ -711,6 +711,9 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 # major within groups of (batch, kv head) pairs (the mma.sync "lpt" grouping); other problems the plain
 # order. Built at _HOPPER_BACKWARD_LPT_WIDTHS, listed after the plain builds: a tuner candidate, never the
 # policy's default (dispatch._choose takes the first listed Hopper backward config).
+# "rs" (Sm90BwdRoleSplit, wide widths): one consumer computes S^T, P^T and dV, the other dP^T, dS and dK, each
+# accumulating all D columns from registers (about a sixth less shared-memory traffic a step at d256); dense
+# problems only (no variants or packed build). In no list: built only when named in FLASHOP_BWD_KERNELS.
 #
 # Tile widths of the Hopper backward kernel (csrc/cuda/sm90/bwd_kernel.cuh Sm90BwdTraits): 64-column blocks
 # in the 128-byte swizzle at 64 and 128; at 96 32-column blocks in the 64-byte swizzle (K: 16-column blocks
@@ -722,7 +725,7 @@ HOPPER_BACKWARD_WIDE_WIDTHS = (160, 192, 224, 256)
 # The wide widths also built with B_c = 96 (Sm90BwdWideTraits<kBf16, D, 96>), the policy's default there.
 HOPPER_BACKWARD_BC96_WIDTHS = (192,)
 # Suffixes of a Hopper backward name, in name order.
-_HOPPER_BACKWARD_SUFFIXES = ("lpt",)
+_HOPPER_BACKWARD_SUFFIXES = ("rs", "lpt")
 # The widths whose ".lpt" build is listed (any width takes it when named in FLASHOP_BWD_KERNELS).
 _HOPPER_BACKWARD_LPT_WIDTHS = (128, 192, 256, 160, 224)
 
@@ -734,6 +737,7 @@ class HopperBackwardConfig:
     block_n: int = 128  # keys per CTA
     block_m: int = 64  # queries per step
     longest_first: bool = False  # causal blocks longest first ("lpt", Sm90BwdLpt)
+    role_split: bool = False  # consumers split by role ("rs", Sm90BwdRoleSplit; wide B_c = 64 only)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -746,6 +750,9 @@ class HopperBackwardConfig:
                              f"{', '.join(map(str, HOPPER_BACKWARD_WIDTHS))} with B_c = 128, B_r = 64, or D = "
                              f"{', '.join(map(str, HOPPER_BACKWARD_WIDE_WIDTHS))} with B_c = 64, B_r = 64, or D = "
                              f"{', '.join(map(str, HOPPER_BACKWARD_BC96_WIDTHS))} with B_c = 96, B_r = 64")
+        if self.role_split and not (wide and self.block_n == 64):
+            raise ValueError(f"HopperBackwardConfig {self.name!r}: the role split (rs) takes D = "
+                             f"{', '.join(map(str, HOPPER_BACKWARD_WIDE_WIDTHS))} with B_c = 64")
 
     @property
     def wide(self) -> bool:
@@ -754,19 +761,19 @@ class HopperBackwardConfig:
 
     @property
     def supports_variants(self) -> bool:
-        """Built with the attention variants (Sm90BwdWideTraits::kSupportsVariants): all but B_c = 96."""
-        return self.block_n != 96
+        """Built with the attention variants (kSupportsVariants): all but B_c = 96 and the role split."""
+        return self.block_n != 96 and not self.role_split
 
     @property
     def supports_packed(self) -> bool:
         """Runs packed batches (cu_seqlens): on its packed build (Sm90BwdPacked), made where the variants build
-        is (all but B_c = 96)."""
+        is."""
         return self.supports_variants
 
     @property
     def name(self) -> str:
         return (f"sm90.bwd.{self.dtype}.d{self.headdim}.br{self.block_m}.bc{self.block_n}"
-                + (".lpt" if self.longest_first else ""))
+                + (".rs" if self.role_split else "") + (".lpt" if self.longest_first else ""))
 
     def runs_on(self, capability: tuple) -> bool:
         return tuple(capability) == (9, 0)
@@ -788,9 +795,10 @@ class HopperBackwardConfig:
         parts = name.split(".")
         suffixes = parts[6:]
         if len(parts) < 6 or parts[:2] != ["sm90", "bwd"] or any(x not in _HOPPER_BACKWARD_SUFFIXES for x in suffixes):
-            raise ValueError(f"Hopper backward config {name!r}: expected sm90.bwd.<dtype>.d<D>.br<B_r>.bc<B_c>[.lpt]")
+            raise ValueError(f"Hopper backward config {name!r}: expected sm90.bwd.<dtype>.d<D>.br<B_r>.bc<B_c>[.rs][.lpt]")
         try:
-            config = cls(parts[2], int(parts[3][1:]), int(parts[5][2:]), int(parts[4][2:]), "lpt" in suffixes)
+            config = cls(parts[2], int(parts[3][1:]), int(parts[5][2:]), int(parts[4][2:]), "lpt" in suffixes,
+                         "rs" in suffixes)
         except ValueError as e:
             raise ValueError(f"Hopper backward config {name!r}: {e}") from None
         if config.name != name:

@@ -81,6 +81,27 @@ def test_selection_patterns():
                                                                    if c.name.startswith("bwd.bf16.d64.")]
 
 
+def test_hopper_backward_role_split_names(tmp_path):
+    """The ".rs" Hopper backward builds (Sm90BwdRoleSplit): wide widths at B_c = 64 only, before ".lpt" in the name,
+    in no list, built when named, without the attention variants or packed batches; their instantiation wraps the
+    wide traits (inside Sm90BwdLpt for ".rs.lpt") and pins the shared memory the wide build has."""
+    config = parse_name("sm90.bwd.bf16.d256.br64.bc64.rs")
+    assert config.role_split and config.wide and not config.supports_variants and not config.supports_packed
+    assert config.smem_bytes() == parse_name("sm90.bwd.bf16.d256.br64.bc64").smem_bytes()
+    assert parse_name("sm90.bwd.fp16.d192.br64.bc64.rs.lpt").longest_first
+    for bad in ("sm90.bwd.bf16.d128.br64.bc128.rs", "sm90.bwd.bf16.d192.br64.bc96.rs", "sm90.bwd.bf16.d256.br64.bc64.lpt.rs"):
+        with pytest.raises(ValueError):
+            parse_name(bad)
+    assert not any(c.role_split for c in HOPPER_BACKWARD_CONFIGS)
+    chosen = selected({"FLASHOP_BWD_KERNELS": "sm90.bwd.bf16.d256.br64.bc64.rs.lpt"})["sm90_bwd"]
+    assert [c.name for c in chosen] == ["sm90.bwd.bf16.d256.br64.bc64.rs.lpt"]
+    gen = load_codegen()
+    gen.generate(str(tmp_path), ["sm90_bwd"], {"sm90_bwd": chosen})
+    source = (tmp_path / gen.file_name(chosen[0])).read_text()
+    assert ("Sm90BwdLpt<::flashop::sm90::Sm90BwdRoleSplit<::flashop::sm90::Sm90BwdWideTraits<true, 256>>>" in source
+            and f"== {chosen[0].smem_bytes()}" in source)
+
+
 def test_generator_output(tmp_path):
     gen = load_codegen()
     selection = selected({"FLASHOP_KERNELS": "bf16.d128.*,fp16.d64.br128.bc64.w4,sm90.bf16.d128.*",

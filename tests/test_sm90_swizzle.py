@@ -601,6 +601,66 @@ def test_wide_dq_operands(width):
                     assert wgmma_mn_major(db, n, kk) == tile_byte(t, s_k, WIDE_N, key, t["half"] * c + n)
 
 
+# The role split (Sm90BwdRoleSplit, ".rs"): the wide layout; consumer 0 computes S^T = K Q^T, consumer 1 dP^T = V dO^T,
+# each m64n64 over all 64 keys and queries; dV += P^T dO and dK += dS^T Q take A from registers and B (dO or Q)
+# MN-major over all D columns; dQ[:, half c] in chunks of 64 columns at D = 256 (the whole half elsewhere).
+
+def roles_nt_descs(t, width, s_a, s_b):
+    """S^T or dP^T: (desc_a, desc_b) of each k16 step, both K-major, all 64 rows of each."""
+    steps = t["col_block"] // 16
+    desc_a, desc_b = bwd_tile_desc(t["row_bytes"], s_a, 16), bwd_tile_desc(t["row_bytes"], s_b, 16)
+    return [(desc_advance(desc_a, (k // steps) * t["kv_block"] + (k % steps) * 32),
+             desc_advance(desc_b, (k // steps) * t["q_block"] + (k % steps) * 32)) for k in range(width // 16)]
+
+
+def roles_dq_chunks(t, s_ds, s_k, c):
+    """dQ[:, half c] chunks: (first column, [(desc_a, desc_b) of each k16 step over the 64 keys])."""
+    chunk = 64 if t["half"] % 64 == 0 else t["half"]
+    desc_a = make_desc_sw(128, s_ds, 16, 1024)
+    out = []
+    for h in range(t["half"] // chunk):
+        col0 = t["half"] * c + chunk * h
+        desc_b = bwd_tile_desc(t["row_bytes"], s_k + (col0 // t["col_block"]) * t["kv_block"], t["kv_block"])
+        out.append((col0, chunk, [(desc_advance(desc_a, k * 32), desc_advance(desc_b, k * 16 * t["row_bytes"]))
+                                  for k in range(WIDE_N // 16)]))
+    return out
+
+
+@pytest.mark.parametrize("width", WIDE_WIDTHS)
+def test_roles_operands(width):
+    """S^T / dP^T: A element (key i, column) of K or V, B element (query n, column) of Q or dO; dV / dK: B element
+    (column n, query 16j + kk) of dO or Q, MN-major over all D columns; dQ chunks: B element (column, key) of K,
+    the chunks of both consumers covering each column once."""
+    t = wide_traits(width)
+    s_q = WIDE_BASE + t["q"] + t["q_tile"]
+    for s_a in (WIDE_BASE + t["k"], WIDE_BASE + t["v"]):
+        for k, (da, db) in enumerate(roles_nt_descs(t, width, s_a, s_q)):
+            for kk in range(16):
+                col = 16 * k + kk
+                for i in range(64):
+                    assert wgmma_k_major(da, i, kk) == tile_byte(t, s_a, WIDE_N, i, col)
+                    assert wgmma_k_major(db, i, kk) == tile_byte(t, s_q, BWD_M, i, col)
+    desc_rs = bwd_tile_desc(t["row_bytes"], s_q, t["q_block"])
+    for j in range(BWD_M // 16):
+        db = desc_advance(desc_rs, j * 2 * t["atom"])
+        for kk in range(16):
+            for n in range(0, width, 7):
+                assert wgmma_mn_major(db, n, kk) == tile_byte(t, s_q, BWD_M, 16 * j + kk, n)
+    s_ds, s_k = WIDE_BASE + t["ds"] + t["p_block"], WIDE_BASE + t["k"]
+    columns = []
+    for c in (0, 1):
+        for col0, chunk, descs in roles_dq_chunks(t, s_ds, s_k, c):
+            assert chunk % t["col_block"] == 0 and chunk in (64, t["half"])
+            columns += range(col0, col0 + chunk)
+            for k, (da, db) in enumerate(descs):
+                for kk in range(16):
+                    for i in range(0, BWD_M, 5):
+                        assert wgmma_k_major(da, i, kk) == wide_score_byte(s_ds, i, 16 * k + kk)
+                    for n in range(chunk):
+                        assert wgmma_mn_major(db, n, kk) == tile_byte(t, s_k, WIDE_N, 16 * k + kk, col0 + n)
+    assert sorted(columns) == list(range(width))
+
+
 # B_c = 96 at D = 192 (Sm90BwdWideTraits<kBf16, 192, 96>, bwd_kernel_sm90_wide_keys): the consumers split the
 # keys (48 each); P and dS are [query][key] blocks of 16 keys (32-byte rows, 32B swizzle); dV^T, dK^T take D
 # as M (A = dO, Q MN-major), dQ as in the 64-key kernel over 96 keys.

@@ -856,6 +856,7 @@ struct Sm90BwdWideTraits {
   static constexpr bool kPacked = false;  // see Sm90BwdTraits; built where the variants are
   static constexpr bool kLongestFirst = false;  // see Sm90BwdTraits
   static constexpr bool kDQBulk = false;        // dQ adds with red.global.add (see Sm90BwdTraits)
+  static constexpr bool kRoleSplit = false;     // Sm90BwdRoleSplit<traits> (below)
   static_assert(kHeadDim == 160 || kHeadDim == 192 || kHeadDim == 224 || kHeadDim == 256,
                 "the sm90 wide backward takes D = 160, 192, 224 or 256");
   static_assert(kBlockN_ == 64 || (kBlockN_ == 96 && kHeadDim == 192), "B_c = 64, or 96 at D = 192");
@@ -899,6 +900,238 @@ struct Sm90BwdWideTraits {
                 "swizzle atoms");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
+
+// ------------------------------------------------------------------ wide tiles, consumer roles (".rs")
+// Sm90BwdRoleSplit<Sm90BwdWideTraits<kBf16, D>>: the wide kernel's producer, shared memory and grid (64 keys per
+// CTA, 64 queries per step), but the consumers split each step by role rather than by queries and columns:
+//   consumer 0: S^T  = K Q^T       SS wgmma m64n64, K = D
+//               P^T  = exp2(S^T scale log2e - lse), masked; fp32 P^T -> shared memory (for consumer 1)
+//               dV  += P^T dO      RS wgmma m64nD, K = 64 queries (all D columns: dV stays in its registers)
+//   consumer 1: dP^T = V dO^T      SS wgmma m64n64, K = D
+//               dS^T = P^T (dP^T - D_i)   (P^T from shared memory, in its own fragment layout)
+//               dK  += dS^T Q      RS wgmma m64nD
+//               dS -> shared memory ([query][key], stmatrix.trans)
+//   both:       dQ[:, half c] = dS K[:, half c]   SS wgmma m64n(D/2), red.global.add
+// Each of S^T and dP^T is one m64n64 product instead of two m64n32 halves that both read all of K or V, and dV,
+// dK take A from registers: about 344 KB of shared-memory traffic a step at D = 256 against 416 for the column
+// split. Registers per consumer thread: dV or dK D/2 (128 at D = 256), S^T or dP^T 32, P^T 32 (consumer 1), dQ
+// D/4. Dense problems only (kSupportsVariants false: a window, softcap, ALiBi or packed batch runs the plain
+// wide build). Barriers: 2 (P^T written: consumer 0 arrives, consumer 1 waits) and 3 (dS written: consumer 1
+// arrives, consumer 0 waits). P^T has one buffer (consumer 0 writes the next step's only after dS, which
+// consumer 1 writes after reading it); dS two (its readers are the wgmmas of both consumers).
+template <class T>
+struct Sm90BwdRoleSplit : T {
+  static constexpr bool kRoleSplit = true;
+  static constexpr bool kSupportsVariants = false;
+  static_assert(T::kWide && !T::kKeySplit && T::kBlockN == 64, "the role split is a wide B_c = 64 build");
+  static_assert(2 * T::kPBlock >= 64 * 64 * 4, "fp32 P^T fits both P buffers");
+};
+
+template <class T>
+__device__ __forceinline__ void bwd_wide_roles_consumer(const BwdParams& p, uint32_t base, int hk, int b, int key0,
+                                                        int m_first, int per_head, int total) {
+#ifdef FLASHOP_SM90_ENABLED
+  constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kD = T::kHeadDim, kH = T::kHalf;
+  static_assert(kBM == 64 && kBN == 64, "m64n64 S^T and dP^T");
+  using Elem = typename std::conditional<T::kBf16, __nv_bfloat16, __half>::type;
+  const uint32_t sK = base + T::kKOff, sV = base + T::kVOff;
+  const uint32_t bar_kv = base + T::kBarOff;
+  auto bar_full = [&](int s) { return bar_kv + 8u * (1 + s); };
+  auto bar_empty = [&](int s) { return bar_kv + 8u * (1 + T::kStages + s); };
+  const int tid = threadIdx.x;
+  const int c = tid / 128 - 1;  // 0: S^T, P^T, dV; 1: dP^T, dS, dK
+  const int ctid = tid % 128;
+  const int warp = ctid / 32, lane = ctid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int key_lo = key0 + 16 * warp + g;  // accumulator rows of this thread: key_lo, key_lo + 8
+  const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
+  constexpr uint32_t kDOFromQ = T::kDOOff - T::kQOff;
+  constexpr int kSteps = T::kColBlock / 16;
+  // fp32 P^T, thread-major: element group q (four floats) of consumer thread i at 16 (128 q + i), so that each
+  // warp's 16-byte accesses are contiguous; consumer 1's thread i reads what consumer 0's thread i wrote.
+  const uint32_t sPT = base + T::kPOff + 16u * ctid;
+
+  float acc[kD / 2];  // dV (consumer 0) or dK (consumer 1): rows key_lo (+8), columns 8i + 2t (+1)
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) acc[i] = 0.f;
+  if (total > 0) mbar_wait(bar_kv, 0);
+
+  auto fragment = [](const float (&x)[kBM / 2], int j, int r) {
+    const int idx = 4 * (2 * j + r / 2) + 2 * (r % 2);
+    return pack2<T::kBf16>(x[idx], x[idx + 1]);
+  };
+
+  for (int it = 0; it < total; ++it) {
+    const int s = it % T::kStages;
+    const int hq = hk * p.head_ratio + it / per_head;
+    const int q0 = (m_first + it % per_head) * kBM;
+    const uint32_t sQ = base + T::kQOff + s * T::kQTile;
+    const uint32_t sDS = base + T::kDSOff + (it & 1) * T::kPBlock;
+    mbar_wait(bar_full(s), (it / T::kStages) & 1);
+
+    // S^T = K Q^T (consumer 0) or dP^T = V dO^T (consumer 1): all 64 keys x all 64 queries, K-major both.
+    const uint64_t desc_a = bwd_tile_desc<T::kRowBytes>(c == 0 ? sK : sV, 16);
+    const uint64_t desc_b = bwd_tile_desc<T::kRowBytes>(c == 0 ? sQ : sQ + kDOFromQ, 16);
+    float sc[kBM / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kD / 16; ++k)
+      wgmma_ss<T::kBf16, kBM, 0>(sc, desc_advance(desc_a, (k / kSteps) * T::kKVBlock + (k % kSteps) * 32),
+                                 desc_advance(desc_b, (k / kSteps) * T::kQBlock + (k % kSteps) * 32), k > 0);
+    wgmma_commit();
+    // dV += P^T dO (consumer 0) and dK += dS^T Q (consumer 1): B = dO or Q MN-major, all D columns (blocks
+    // kQBlock apart), 16 query rows per k step.
+    const uint64_t desc_rs = bwd_tile_desc<T::kRowBytes>(c == 0 ? sQ + kDOFromQ : sQ, T::kQBlock);
+    uint32_t fr[kBM / 16][4];
+    if (c == 0) {
+      float lse_cols[kBM / 4];  // columns (queries) 8i + 2t, +1: read while S^T runs
+      const uint32_t sLse = base + T::kLseOff + s * kBM * 4;
+#pragma unroll
+      for (int i = 0; i < kBM / 8; ++i)
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                     : "=f"(lse_cols[2 * i]), "=f"(lse_cols[2 * i + 1])
+                     : "r"(sLse + (8 * i + 2 * t) * 4));
+      wgmma_wait<0>();
+      fence_regs(sc);
+#pragma unroll
+      for (int i = 0; i < kBM / 2; ++i) sc[i] = exp2f(sc[i] * p.scale_log2 - lse_cols[2 * (i / 4) + (i & 1)]);
+      if (key0 + kBN > p.seqlen_k || (p.causal && int64_t(key0) + kBN - 1 > int64_t(q0) + causal_shift)) {
+#pragma unroll
+        for (int i = 0; i < kBM / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = key_lo + ((e & 2) ? 8 : 0);
+            const int64_t q = int64_t(q0) + 8 * i + 2 * t + (e & 1);
+            if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) sc[4 * i + e] = 0.f;
+          }
+      }
+      // P^T to consumer 1, then dV += P^T dO.
+#pragma unroll
+      for (int q = 0; q < kBM / 8; ++q)
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(sPT + q * 2048u), "f"(sc[4 * q]),
+                     "f"(sc[4 * q + 1]), "f"(sc[4 * q + 2]), "f"(sc[4 * q + 3])
+                     : "memory");
+      named_bar_arrive<2, 256>();
+#pragma unroll
+      for (int j = 0; j < kBM / 16; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) fr[j][r] = fragment(sc, j, r);
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < kBM / 16; ++j)
+        wgmma_rs<T::kBf16, kD, 1>(acc, fr[j], desc_advance(desc_rs, j * 2 * T::kAtomBytes), 1);
+      wgmma_commit();
+      named_bar_sync<3, 256>();  // dS written
+    } else {
+      float dsum_cols[kBM / 4];
+      const uint32_t sDsum = base + T::kDsumOff + s * kBM * 4;
+#pragma unroll
+      for (int i = 0; i < kBM / 8; ++i)
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                     : "=f"(dsum_cols[2 * i]), "=f"(dsum_cols[2 * i + 1])
+                     : "r"(sDsum + (8 * i + 2 * t) * 4));
+      wgmma_wait<0>();
+      fence_regs(sc);
+      named_bar_sync<2, 256>();  // P^T written
+      // dS^T = P^T (dP^T - D), P^T in this thread's own fragment layout.
+#pragma unroll
+      for (int q = 0; q < kBM / 8; ++q) {
+        float p0, p1, p2, p3;
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(p0), "=f"(p1), "=f"(p2), "=f"(p3)
+                     : "r"(sPT + q * 2048u));
+        sc[4 * q] = p0 * (sc[4 * q] - dsum_cols[2 * q]);
+        sc[4 * q + 1] = p1 * (sc[4 * q + 1] - dsum_cols[2 * q + 1]);
+        sc[4 * q + 2] = p2 * (sc[4 * q + 2] - dsum_cols[2 * q]);
+        sc[4 * q + 3] = p3 * (sc[4 * q + 3] - dsum_cols[2 * q + 1]);
+      }
+#pragma unroll
+      for (int j = 0; j < kBM / 16; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) fr[j][r] = fragment(sc, j, r);
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < kBM / 16; ++j)
+        wgmma_rs<T::kBf16, kD, 1>(acc, fr[j], desc_advance(desc_rs, j * 2 * T::kAtomBytes), 1);
+      wgmma_commit();
+      // dS through stmatrix.trans into [query][key] (128-byte rows, 128B swizzle): matrix mi of k step j holds keys
+      // 16 warp + 8 (mi % 2) .. +7 x queries 16j + 8 (mi / 2) .. +7.
+      {
+        const int mi = lane / 8, r = lane % 8;
+        const int chunk = 2 * warp + (mi % 2);
+#pragma unroll
+        for (int j = 0; j < kBM / 16; ++j) {
+          const int q = 16 * j + 8 * (mi / 2) + r;
+          stmatrix_x4_trans(sDS + q * 128 + ((chunk ^ (q & 7)) << 4), fr[j]);
+        }
+      }
+      fence_proxy_async_smem();
+      named_bar_arrive<3, 256>();
+    }
+
+    // dV or dK done before dQ is issued: its A fragments are then dead when dQ's accumulators are live (with
+    // both in flight ptxas serialized every wgmma at D = 256 for want of registers). Every read of this stage's Q,
+    // dO, lse and D is then done: the stage goes back to the producer.
+    wgmma_wait<0>();
+    fence_regs(acc);
+#pragma unroll
+    for (int j = 0; j < kBM / 16; ++j) fence_regs_u32(fr[j]);
+    mbar_arrive(bar_empty(s));
+
+    // dQ[:, half c] = dS K[:, half c] in chunks of kDQChunk columns (64 at D = 256: 32 accumulators beside dV or
+    // dK's 128): A = dS K-major over the 64 keys, B = K's column blocks of the chunk (MN-major).
+    constexpr int kDQChunk = kH % 64 == 0 ? 64 : kH;
+    static_assert(kDQChunk % T::kColBlock == 0, "a dQ chunk is whole column blocks");
+    const uint64_t desc_ds = make_desc_sw128(sDS, 16, 1024);
+    float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD + kH * c;
+#pragma unroll
+    for (int chunk = 0; chunk < kH / kDQChunk; ++chunk) {
+      const int col0 = kH * c + kDQChunk * chunk;
+      float dq[kDQChunk / 2];
+      const uint64_t desc_k = bwd_tile_desc<T::kRowBytes>(sK + (col0 / T::kColBlock) * T::kKVBlock, T::kKVBlock);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kBN / 16; ++k)
+        wgmma_ss<T::kBf16, kDQChunk, 1>(dq, desc_advance(desc_ds, k * 32),
+                                        desc_advance(desc_k, k * 16 * T::kRowBytes), k > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(dq);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = 16 * warp + g + 8 * h;
+        if (q0 + row < p.seqlen_q) {
+#pragma unroll
+          for (int i = 0; i < kDQChunk / 8; ++i) {
+            if (col0 + 8 * i >= p.headdim) break;
+            red_add_v2(gacc + row * kD + kDQChunk * chunk + 8 * i + 2 * t, dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
+          }
+        }
+      }
+    }
+  }
+
+  // dV (consumer 0) or dK * scale (consumer 1) from registers: rows key_lo, key_lo + 8; columns 8i + 2t, the n8
+  // blocks at or past the head dimension skipped.
+  const float scale = c == 0 ? 1.f : p.scale;
+  Elem* out = static_cast<Elem*>(c == 0 ? p.dv : p.dk) +
+              int64_t(b) * (c == 0 ? p.dv_batch_stride : p.dk_batch_stride) +
+              int64_t(hk) * (c == 0 ? p.dv_head_stride : p.dk_head_stride);
+  const int64_t row_stride = c == 0 ? p.dv_row_stride : p.dk_row_stride;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key_lo + 8 * h;
+    if (key < p.seqlen_k) {
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i) {
+        if (8 * i >= p.headdim) break;
+        *reinterpret_cast<uint32_t*>(out + int64_t(key) * row_stride + 8 * i + 2 * t) =
+            pack2<T::kBf16>(acc[4 * i + 2 * h] * scale, acc[4 * i + 2 * h + 1] * scale);
+      }
+    }
+  }
+#endif
+}
 
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
@@ -984,6 +1217,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   // -------------------------------------------------------------- consumer
   setmaxnreg_inc<T::kConsumerRegs>();
+  if constexpr (T::kRoleSplit) {
+    bwd_wide_roles_consumer<T>(p, base, hk, b, key0, m_first, per_head, total);
+    return;
+  }
   const int c = wg - 1;  // queries 32c .. 32c+31 of S^T, dP^T; columns kH c .. kH c + kH-1 of dK, dV, dQ
   const int ctid = tid - 128 * wg;
   const int warp = ctid / 32, lane = ctid % 32;
