@@ -699,8 +699,8 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
 #
-# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.lpt], sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64[.rs][.lpt]
-# and sm90.bwd.<dtype>.d192.br64.bc96[.lpt].
+# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.dqa][.lpt] (dqa: d64 only),
+# sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64[.rs][.lpt] and sm90.bwd.<dtype>.d192.br64.bc96[.lpt].
 # FlashAttention-2's backward on wgmma + TMA: one producer and two consumer warpgroups per key tile of 128 rows
 # (csrc/cuda/sm90/bwd_kernel.cuh), of 64 rows at the wide widths (Sm90BwdWideTraits: the consumers split
 # dK, dV and dQ by columns, whose accumulators at 128 keys would not fit 240 registers; at B_c = 96,
@@ -714,6 +714,9 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 # "rs" (Sm90BwdRoleSplit, wide widths): one consumer computes S^T, P^T and dV, the other dP^T, dS and dK, each
 # accumulating all D columns from registers (about a sixth less shared-memory traffic a step at d256); dense
 # problems only (no variants or packed build). In no list: built only when named in FLASHOP_BWD_KERNELS.
+# "dqa" (Sm90BwdDQAlternate, d64): the consumers take turns computing dQ over all 128 keys of the tile, a step
+# each, instead of each adding its own keys' partial dQ every step (half the fp32 dQ bytes through shared memory
+# and into the accumulator). In no list either.
 #
 # Tile widths of the Hopper backward kernel (csrc/cuda/sm90/bwd_kernel.cuh Sm90BwdTraits): 64-column blocks
 # in the 128-byte swizzle at 64 and 128; at 96 32-column blocks in the 64-byte swizzle (K: 16-column blocks
@@ -725,7 +728,7 @@ HOPPER_BACKWARD_WIDE_WIDTHS = (160, 192, 224, 256)
 # The wide widths also built with B_c = 96 (Sm90BwdWideTraits<kBf16, D, 96>), the policy's default there.
 HOPPER_BACKWARD_BC96_WIDTHS = (192,)
 # Suffixes of a Hopper backward name, in name order.
-_HOPPER_BACKWARD_SUFFIXES = ("rs", "lpt")
+_HOPPER_BACKWARD_SUFFIXES = ("rs", "dqa", "lpt")
 # The widths whose ".lpt" build is listed (any width takes it when named in FLASHOP_BWD_KERNELS).
 _HOPPER_BACKWARD_LPT_WIDTHS = (128, 192, 256, 160, 224)
 
@@ -738,6 +741,7 @@ class HopperBackwardConfig:
     block_m: int = 64  # queries per step
     longest_first: bool = False  # causal blocks longest first ("lpt", Sm90BwdLpt)
     role_split: bool = False  # consumers split by role ("rs", Sm90BwdRoleSplit; wide B_c = 64 only)
+    dq_alternate: bool = False  # dQ by one consumer a step ("dqa", Sm90BwdDQAlternate; d64 only)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -753,6 +757,8 @@ class HopperBackwardConfig:
         if self.role_split and not (wide and self.block_n == 64):
             raise ValueError(f"HopperBackwardConfig {self.name!r}: the role split (rs) takes D = "
                              f"{', '.join(map(str, HOPPER_BACKWARD_WIDE_WIDTHS))} with B_c = 64")
+        if self.dq_alternate and not (narrow and self.headdim == 64):
+            raise ValueError(f"HopperBackwardConfig {self.name!r}: the alternating dQ (dqa) takes D = 64 with B_c = 128")
 
     @property
     def wide(self) -> bool:
@@ -773,7 +779,8 @@ class HopperBackwardConfig:
     @property
     def name(self) -> str:
         return (f"sm90.bwd.{self.dtype}.d{self.headdim}.br{self.block_m}.bc{self.block_n}"
-                + (".rs" if self.role_split else "") + (".lpt" if self.longest_first else ""))
+                + (".rs" if self.role_split else "") + (".dqa" if self.dq_alternate else "")
+                + (".lpt" if self.longest_first else ""))
 
     def runs_on(self, capability: tuple) -> bool:
         return tuple(capability) == (9, 0)
@@ -795,10 +802,11 @@ class HopperBackwardConfig:
         parts = name.split(".")
         suffixes = parts[6:]
         if len(parts) < 6 or parts[:2] != ["sm90", "bwd"] or any(x not in _HOPPER_BACKWARD_SUFFIXES for x in suffixes):
-            raise ValueError(f"Hopper backward config {name!r}: expected sm90.bwd.<dtype>.d<D>.br<B_r>.bc<B_c>[.rs][.lpt]")
+            raise ValueError(f"Hopper backward config {name!r}: expected "
+                             "sm90.bwd.<dtype>.d<D>.br<B_r>.bc<B_c>[.rs|.dqa][.lpt]")
         try:
             config = cls(parts[2], int(parts[3][1:]), int(parts[5][2:]), int(parts[4][2:]), "lpt" in suffixes,
-                         "rs" in suffixes)
+                         "rs" in suffixes, "dqa" in suffixes)
         except ValueError as e:
             raise ValueError(f"Hopper backward config {name!r}: {e}") from None
         if config.name != name:

@@ -102,6 +102,25 @@ def test_hopper_backward_role_split_names(tmp_path):
             and f"== {chosen[0].smem_bytes()}" in source)
 
 
+def test_hopper_backward_dq_alternate_names(tmp_path):
+    """The ".dqa" Hopper backward builds (Sm90BwdDQAlternate): d64 at B_c = 128 only, in no list, built when named,
+    with the attention variants and packed batches (the dQ step is all they change); the instantiation wraps the
+    traits (inside Sm90BwdLpt for ".dqa.lpt") and pins the plain build's shared memory."""
+    config = parse_name("sm90.bwd.fp16.d64.br64.bc128.dqa")
+    assert config.dq_alternate and config.supports_variants and config.supports_packed
+    assert config.smem_bytes() == parse_name("sm90.bwd.fp16.d64.br64.bc128").smem_bytes()
+    for bad in ("sm90.bwd.bf16.d128.br64.bc128.dqa", "sm90.bwd.bf16.d256.br64.bc64.dqa",
+                "sm90.bwd.bf16.d256.br64.bc64.rs.dqa", "sm90.bwd.bf16.d64.br64.bc128.lpt.dqa"):
+        with pytest.raises(ValueError):
+            parse_name(bad)
+    assert not any(c.dq_alternate for c in HOPPER_BACKWARD_CONFIGS)
+    chosen = selected({"FLASHOP_BWD_KERNELS": "sm90.bwd.bf16.d64.br64.bc128.dqa.lpt"})["sm90_bwd"]
+    gen = load_codegen()
+    gen.generate(str(tmp_path), ["sm90_bwd"], {"sm90_bwd": chosen})
+    source = (tmp_path / gen.file_name(chosen[0])).read_text()
+    assert "Sm90BwdLpt<::flashop::sm90::Sm90BwdDQAlternate<::flashop::sm90::Sm90BwdTraits<true, 64>>>" in source
+
+
 def test_generator_output(tmp_path):
     gen = load_codegen()
     selection = selected({"FLASHOP_KERNELS": "bf16.d128.*,fp16.d64.br128.bc64.w4,sm90.bf16.d128.*",

@@ -94,6 +94,7 @@ struct Sm90BwdTraits {
   // (FlashAttention-3's order; within noise of all of dK first, d128 bf16 on an H100).
   static constexpr int kDKEarlySteps = 2;
   static constexpr int kDQCols = kDQSplitKeys ? kHeadDim : kHeadDim / 2;  // N of the dQ wgmma
+  static constexpr bool kDQAlternate = false;  // Sm90BwdDQAlternate<traits> (below)
   // K is dQ's MN-major B operand as well as S^T's K-major A. At D = 96 its blocks are 16 columns in the
   // 32B swizzle (32-byte rows, 256-byte atoms), so that each consumer's 48 dQ columns are three whole
   // blocks: the canonical MN-major layouts have N = 16m in the 32B swizzle but 32m in the 64B one, where
@@ -218,6 +219,21 @@ __device__ __forceinline__ int bwd_first_query_tile(const BwdParams& p, int key0
 template <class T>
 struct Sm90BwdLpt : T {
   static constexpr bool kLongestFirst = true;
+};
+
+// ------------------------------------------------------------------ dQ by one consumer a step (".dqa", D = 64)
+// Sm90BwdDQAlternate<Sm90BwdTraits<kBf16, 64>>: instead of each consumer adding its 64 keys' partial dQ (two
+// m64n64 products and two 16 KiB fp32 box sets a step), consumer it % 2 computes dQ_i over all 128 keys
+// (m64n64, K = 128) and reduce-adds one box set, while the other only signals that its half of dS is written
+// (named barrier 6: it arrives, the computing consumer waits) and goes on. A step's shared-memory traffic
+// drops by a box set written and read by the TMA (about 32 of 224 KB), the global adds by half, and no
+// consumer waits for the other's dQ: the work evens out over two steps. dS's double buffer stays safe: a
+// consumer writes buffer u two steps after its last readers, and the one that read it with a wgmma waited
+// for that wgmma before it arrived at the barrier of the step between.
+template <class T>
+struct Sm90BwdDQAlternate : T {
+  static constexpr bool kDQAlternate = true;
+  static_assert(!T::kWide && T::kDQSplitKeys && T::kDQBulk, "the alternating dQ is a D = 64 build");
 };
 
 // The (key tile, kv head, batch) of this CTA; the producer and the consumers compute it alike.
@@ -693,90 +709,119 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fence_proxy_async_smem();
     // The last step's dQ reduce-adds have read this consumer's dQ boxes before the barrier lets it write them.
     if (T::kDQBulk && ctid == 0) tma_store_wait_read<0>();
-    float dq[T::kDQCols / 2];
-    if constexpr (!T::kDQSplitKeys) {
-      named_bar_sync<1, 256>();  // both key blocks of dS written
-      // dQ[:, n0 .. n0 + D/2 - 1] = dS K[:, n0 ..], n0 = c D/2: A = dS (K-major over the 128 keys, key
-      // blocks kDSBlock apart), B = K's column blocks from n0 on (MN-major: 16 key rows per k step, blocks
-      // kKBlock apart).
-      const uint64_t desc_ds = make_desc_sw128(sDS, 16, 1024);
-      const uint64_t desc_k = bwd_tile_desc<T::kKRowBytes>(sK + c * (T::kDQCols / T::kKColBlock) * T::kKBlock, T::kKBlock);
-      wgmma_fence();
+    // dQ fragments of this step (m64 x kDQCols fp32) into the accumulator.
+    auto add_dq = [&](const float (&dq)[T::kDQCols / 2]) {
+      // Packed: rows past used_q have dS = 0 exactly (Q, dO rows zeroed, lse_log2 = +inf, D = 0) and add
+      // zeros to workspace rows the sequence owns (the tile ends inside its round_up(len, kBwdSeqQPad)),
+      // which the convert kernel does not read; no predicate keeps used_q live through the step.
+      // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped). Its rows are kD wide
+      // (bwd_params.h): the columns past the head dimension are padding and receive adds of 0 (K's
+      // columns there are 0). At D = 64 and 128 they are added unpredicated: a column test there spilled
+      // 16 bytes at d128 (168 registers, ptxas -v, sm_90a).
+      const int dq_col0 = T::kDQSplitKeys ? 0 : T::kDQCols * c;
+      if constexpr (T::kDQBulk) {
+        // Whole 64-row boxes: rows past Sq (dense) or used_q (packed) add dS = 0 exactly (Q, dO rows zero-filled
+        // or zeroed, lse_log2 = +inf and D = 0 there) to the padding rows of the workspace (within
+        // seqlen_q_rounded, or the sequence's own rows), which the convert kernel does not read.
+        // Box rows hold the queries of each 16-row group paired (bwd_dq_paired_row: query 16 w + g + 8 h at box row
+        // 16 w + 2 g + h), and the convert kernel reads them back in that order: a half-warp's float2 stores of one
+        // n8 block (rows g = 0..3 or 4..7, columns 8i + 2t, +1) then fall in four different 128B-swizzle phases
+        // 2 g + h and fill all 32 banks, where rows in query order (phases g) met two ways per bank.
+        // Element (box row j, col) of box col / 32 is at j * 128 + 16 (chunk ^ j % 8) + 4 (col % 4),
+        // chunk = col % 32 / 4 = 2 (i % 4) + t / 2: for row 16 w + 2 g + h that is a per-thread base (h = 0)
+        // plus (32 (i % 4)) ^ (32 (g % 4)), and for h = 1 the next row with the chunk's low bit (address bit 4)
+        // flipped with the phase's.
+        const uint32_t sDQ = base + T::kDQOff + c * T::kDQConsumerBytes + (16 * warp + 2 * g) * 128 + (t / 2) * 16 +
+                             (t % 2) * 8;
+        const uint32_t swz = 32u * (g & 3);
 #pragma unroll
-      for (int k = 0; k < kBN / 16; ++k)
-        wgmma_ss<T::kBf16, T::kDQCols, 1>(dq, desc_advance(desc_ds, (k / 4) * T::kDSBlock + (k % 4) * 32),
-                                          desc_advance(desc_k, k * 16 * T::kKRowBytes), k > 0);
-    } else {
-      if (c == 0) named_bar_sync<2, 128>();  // this consumer's key block of dS written
-      else named_bar_sync<3, 128>();
-      // dQ (partial) = dS[:, 64c .. 64c+63] K[64c .. 64c+63, :]: A = key block c of dS, B = rows
-      // 64c .. of K (MN-major, one 64-column block).
-      const uint64_t desc_ds = make_desc_sw128(sDS + c * T::kDSBlock, 16, 1024);
-      const uint64_t desc_k = make_desc_sw128(sK + 64 * c * 128, T::kKBlock, 1024);
-      wgmma_fence();
+        for (int i = 0; i < T::kDQCols / 8; ++i) {
+          const uint32_t addr = sDQ + (i / 4) * T::kDQBox + ((32u * (i % 4)) ^ swz);
+          st_shared_v2_f32(addr, dq[4 * i], dq[4 * i + 1]);
+          st_shared_v2_f32((addr ^ 16u) + 128, dq[4 * i + 2], dq[4 * i + 3]);
+        }
+        fence_proxy_async_smem();
+        if (c == 0) named_bar_sync<4, 128>();
+        else named_bar_sync<5, 128>();
+        if (ctid == 0) {
+          const int ws_row = int(bwd_ws_row<T>(p, b, hq, seq.q_start) + q0);
+          const uint32_t boxes = base + T::kDQOff + c * T::kDQConsumerBytes;
 #pragma unroll
-      for (int k = 0; k < 4; ++k)
-        wgmma_ss<T::kBf16, 64, 1>(dq, desc_advance(desc_ds, k * 32), desc_advance(desc_k, 16 * k * 128), k > 0);
-    }
-    wgmma_commit();
-    gemm_dk(T::kDKEarlySteps, kBM / 16);
-    wgmma_wait<1>();  // dQ done (dK may still run)
-    fence_regs(dq);
-
-    // Packed: rows past used_q have dS = 0 exactly (Q, dO rows zeroed, lse_log2 = +inf, D = 0) and add
-    // zeros to workspace rows the sequence owns (the tile ends inside its round_up(len, kBwdSeqQPad)),
-    // which the convert kernel does not read; no predicate keeps used_q live through the step.
-    // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped). Its rows are kD wide
-    // (bwd_params.h): the columns past the head dimension are padding and receive adds of 0 (K's
-    // columns there are 0). At D = 64 and 128 they are added unpredicated: a column test there spilled
-    // 16 bytes at d128 (168 registers, ptxas -v, sm_90a).
-    const int dq_col0 = T::kDQSplitKeys ? 0 : T::kDQCols * c;
-    if constexpr (T::kDQBulk) {
-      // Whole 64-row boxes: rows past Sq (dense) or used_q (packed) add dS = 0 exactly (Q, dO rows zero-filled
-      // or zeroed, lse_log2 = +inf and D = 0 there) to the padding rows of the workspace (within
-      // seqlen_q_rounded, or the sequence's own rows), which the convert kernel does not read.
-      // Box rows hold the queries of each 16-row group paired (bwd_dq_paired_row: query 16 w + g + 8 h at box row
-      // 16 w + 2 g + h), and the convert kernel reads them back in that order: a half-warp's float2 stores of one
-      // n8 block (rows g = 0..3 or 4..7, columns 8i + 2t, +1) then fall in four different 128B-swizzle phases
-      // 2 g + h and fill all 32 banks, where rows in query order (phases g) met two ways per bank.
-      // Element (box row j, col) of box col / 32 is at j * 128 + 16 (chunk ^ j % 8) + 4 (col % 4), chunk = col % 32 / 4
-      // = 2 (i % 4) + t / 2: for row 16 w + 2 g + h that is a per-thread base (h = 0) plus (32 (i % 4)) ^ (32 (g % 4)),
-      // and for h = 1 the next row with the chunk's low bit (address bit 4) flipped with the phase's.
-      const uint32_t sDQ = base + T::kDQOff + c * T::kDQConsumerBytes + (16 * warp + 2 * g) * 128 + (t / 2) * 16 +
-                           (t % 2) * 8;
-      const uint32_t swz = 32u * (g & 3);
+          for (int box = 0; box < T::kDQCols / 32; ++box)
+            tma_reduce_add_2d(&tm_dq, boxes + box * T::kDQBox, dq_col0 + 32 * box, ws_row);
+          tma_store_commit();
+        }
+      } else {
+        float* gacc = p.dq_accum + (bwd_ws_row<T>(p, b, hq, seq.q_start) + q0) * kD + dq_col0;
 #pragma unroll
-      for (int i = 0; i < T::kDQCols / 8; ++i) {
-        const uint32_t addr = sDQ + (i / 4) * T::kDQBox + ((32u * (i % 4)) ^ swz);
-        st_shared_v2_f32(addr, dq[4 * i], dq[4 * i + 1]);
-        st_shared_v2_f32((addr ^ 16u) + 128, dq[4 * i + 2], dq[4 * i + 3]);
-      }
-      fence_proxy_async_smem();
-      if (c == 0) named_bar_sync<4, 128>();
-      else named_bar_sync<5, 128>();
-      if (ctid == 0) {
-        const int ws_row = int(bwd_ws_row<T>(p, b, hq, seq.q_start) + q0);
-        const uint32_t boxes = base + T::kDQOff + c * T::kDQConsumerBytes;
+        for (int h = 0; h < 2; ++h) {
+          const int row = 16 * warp + g + 8 * h;
+          if (T::kPacked || q0 + row < p.seqlen_q) {  // packed: rows past used_q add exact zeros (see below)
 #pragma unroll
-        for (int box = 0; box < T::kDQCols / 32; ++box)
-          tma_reduce_add_2d(&tm_dq, boxes + box * T::kDQBox, dq_col0 + 32 * box, ws_row);
-        tma_store_commit();
-      }
-    } else {
-      float* gacc = p.dq_accum + (bwd_ws_row<T>(p, b, hq, seq.q_start) + q0) * kD + dq_col0;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = 16 * warp + g + 8 * h;
-        if (T::kPacked || q0 + row < p.seqlen_q) {  // packed: rows past used_q add exact zeros (see below)
-#pragma unroll
-          for (int i = 0; i < T::kDQCols / 8; ++i) {
-            // D = 96: the n8 blocks at or past the head dimension hold zeros and are not added (one uniform
-            // compare per block; headdim 80: consumer 1 adds 4 of its 6).
-            if (T::kColBlock == 32 && T::kDQCols * c + 8 * i >= p.headdim) break;
-            red_add_v2(gacc + row * kD + 8 * i + 2 * t, dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
+            for (int i = 0; i < T::kDQCols / 8; ++i) {
+              // D = 96: the n8 blocks at or past the head dimension hold zeros and are not added (one uniform
+              // compare per block; headdim 80: consumer 1 adds 4 of its 6).
+              if (T::kColBlock == 32 && T::kDQCols * c + 8 * i >= p.headdim) break;
+              red_add_v2(gacc + row * kD + 8 * i + 2 * t, dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
+            }
           }
         }
       }
+    };
+    if constexpr (T::kDQAlternate) {
+      gemm_dk(T::kDKEarlySteps, kBM / 16);
+      if (c == (it & 1)) {
+        named_bar_sync<6, 256>();  // both key blocks of dS written
+        // dQ = dS K over the 128 keys: A = dS (K-major, key blocks kDSBlock apart), B = all 128 rows of K
+        // (MN-major, one 64-column block). Issued, waited for and added within the branch: a wgmma group
+        // left open across it made ptxas serialize every wgmma of the kernel.
+        float dq[T::kDQCols / 2];
+        const uint64_t desc_ds = make_desc_sw128(sDS, 16, 1024);
+        const uint64_t desc_k = make_desc_sw128(sK, T::kKBlock, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kBN / 16; ++k)
+          wgmma_ss<T::kBf16, 64, 1>(dq, desc_advance(desc_ds, (k / 4) * T::kDSBlock + (k % 4) * 32),
+                                    desc_advance(desc_k, 16 * k * 128), k > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(dq);
+        add_dq(dq);
+      } else {
+        named_bar_arrive<6, 256>();  // this consumer's key block of dS written
+      }
+    } else {
+      float dq[T::kDQCols / 2];
+      if constexpr (!T::kDQSplitKeys) {
+        named_bar_sync<1, 256>();  // both key blocks of dS written
+        // dQ[:, n0 .. n0 + D/2 - 1] = dS K[:, n0 ..], n0 = c D/2: A = dS (K-major over the 128 keys, key
+        // blocks kDSBlock apart), B = K's column blocks from n0 on (MN-major: 16 key rows per k step, blocks
+        // kKBlock apart).
+        const uint64_t desc_ds = make_desc_sw128(sDS, 16, 1024);
+        const uint64_t desc_k =
+            bwd_tile_desc<T::kKRowBytes>(sK + c * (T::kDQCols / T::kKColBlock) * T::kKBlock, T::kKBlock);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kBN / 16; ++k)
+          wgmma_ss<T::kBf16, T::kDQCols, 1>(dq, desc_advance(desc_ds, (k / 4) * T::kDSBlock + (k % 4) * 32),
+                                            desc_advance(desc_k, k * 16 * T::kKRowBytes), k > 0);
+      } else {
+        if (c == 0) named_bar_sync<2, 128>();  // this consumer's key block of dS written
+        else named_bar_sync<3, 128>();
+        // dQ (partial) = dS[:, 64c .. 64c+63] K[64c .. 64c+63, :]: A = key block c of dS, B = rows
+        // 64c .. of K (MN-major, one 64-column block).
+        const uint64_t desc_ds = make_desc_sw128(sDS + c * T::kDSBlock, 16, 1024);
+        const uint64_t desc_k = make_desc_sw128(sK + 64 * c * 128, T::kKBlock, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          wgmma_ss<T::kBf16, 64, 1>(dq, desc_advance(desc_ds, k * 32), desc_advance(desc_k, 16 * k * 128), k > 0);
+      }
+      wgmma_commit();
+      gemm_dk(T::kDKEarlySteps, kBM / 16);
+      wgmma_wait<1>();  // dQ done (dK may still run)
+      fence_regs(dq);
+      add_dq(dq);
     }
     wgmma_wait<0>();
     fence_regs(acc_dv);
