@@ -206,6 +206,45 @@ __device__ __forceinline__ int bwd_first_query_tile(const BwdParams& p, int key0
   return q <= 0 ? 0 : static_cast<int>(q / block_m);
 }
 
+// The per-column values (lse_log2 or D) of an accumulator's columns 8i + 2t, +1 (n8 blocks i < kBlocks) from a
+// row of floats in shared memory at `addr` (the step's first column).
+template <int kBlocks>
+__device__ __forceinline__ void bwd_load_cols(float (&cols)[2 * kBlocks], uint32_t addr, int t) {
+#pragma unroll
+  for (int i = 0; i < kBlocks; ++i)
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                 : "=f"(cols[2 * i]), "=f"(cols[2 * i + 1])
+                 : "r"(addr + (8 * i + 2 * t) * 4));
+}
+
+// P^T = exp2(S^T scale log2(e) - lse_log2) in place on an m64 x 8 kBlocks accumulator of raw scores (rows: keys
+// key_lo, key_lo + 8; columns: queries q_lo + 8i, +1 with lse_log2 lse_cols[2i], [2i + 1]). With need_mask (the
+// tile crosses Sk or, causal, the diagonal: the caller's test, uniform per warp), keys past Sk and right of the
+// diagonal are zeroed in a pass of their own: behind one branch, where a test per element branched 32 times.
+template <int kBlocks>
+__device__ __forceinline__ void bwd_dense_probs(float (&st)[4 * kBlocks], const float (&lse_cols)[2 * kBlocks],
+                                                const BwdParams& p, int key_lo, int64_t q_lo, bool need_mask) {
+#pragma unroll
+  for (int i = 0; i < 4 * kBlocks; ++i) st[i] = exp2f(st[i] * p.scale_log2 - lse_cols[2 * (i / 4) + (i & 1)]);
+  if (need_mask) {
+    const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
+#pragma unroll
+    for (int i = 0; i < kBlocks; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key_lo + ((e & 2) ? 8 : 0);
+        const int64_t q = q_lo + 8 * i + (e & 1);
+        if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) st[4 * i + e] = 0.f;
+      }
+  }
+}
+
+// Whether keys key0 .. key0 + n_keys - 1 against queries from q_first need bwd_dense_probs' mask.
+__device__ __forceinline__ bool bwd_dense_need_mask(const BwdParams& p, int key0, int n_keys, int64_t q_first) {
+  return key0 + n_keys > p.seqlen_k ||
+         (p.causal && int64_t(key0) + n_keys - 1 > q_first + (int64_t(p.seqlen_k) - p.seqlen_q));
+}
+
 // ------------------------------------------------------------------ block order
 // The ".lpt" build of a config (configs.py HopperBackwardConfig.longest_first): the same kernel, the
 // blocks of a causal problem taken in the longest-first order of bwd_lpt_block (key-tile major within
@@ -562,7 +601,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       named_bar_sync<1, 256>();  // both consumers read all keys (dQ)
     }
   }
-  [[maybe_unused]] const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;  // dense build
 
   constexpr uint32_t kDOFromQ = T::kDOOff - T::kQOff;  // dO's descriptors: Q's, moved by this
 
@@ -609,31 +647,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // while the wgmmas run (a read after the wait stalled on the shared memory the wgmmas load).
     const uint32_t sLse = base + T::kLseOff + s * kBM * 4, sDsum = base + T::kDsumOff + s * kBM * 4;
     [[maybe_unused]] float lse_cols[kBM / 4];
-    if constexpr (!T::kVariants) {
-#pragma unroll
-      for (int i = 0; i < kBM / 8; ++i)
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-                     : "=f"(lse_cols[2 * i]), "=f"(lse_cols[2 * i + 1])
-                     : "r"(sLse + (8 * i + 2 * t) * 4));
-    }
+    if constexpr (!T::kVariants) bwd_load_cols<kBM / 8>(lse_cols, sLse, t);
     wgmma_wait<1>();
     fence_regs(st);
     uint32_t pa[kBM / 16][4], da[kBM / 16][4];
     if constexpr (!T::kVariants) {
-#pragma unroll
-      for (int i = 0; i < kBM / 2; ++i) st[i] = exp2f(st[i] * p.scale_log2 - lse_cols[2 * (i / 4) + (i & 1)]);
-      // Keys past Sk and, causal, right of the diagonal: zeroed in a pass of its own, behind one branch for the
-      // tiles that need it (a test inside the loop above branched once per element).
-      if (key0 + kBN > p.seqlen_k || (p.causal && int64_t(key0) + kBN - 1 > int64_t(q0) + causal_shift)) {
-#pragma unroll
-        for (int i = 0; i < kBM / 8; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = key_lo + ((e & 2) ? 8 : 0);
-            const int64_t q = int64_t(q0) + 8 * i + 2 * t + (e & 1);
-            if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) st[4 * i + e] = 0.f;
-          }
-      }
+      bwd_dense_probs<kBM / 8>(st, lse_cols, p, key_lo, int64_t(q0) + 2 * t, bwd_dense_need_mask(p, key0, kBN, q0));
       // st holds P^T from here on.
     } else {
       // P^T into pa and, softcap, P^T (1 - tanh^2) into st (bwd_variant_probs); masked where this
@@ -989,7 +1008,6 @@ __device__ __forceinline__ void bwd_wide_roles_consumer(const BwdParams& p, uint
   const int warp = ctid / 32, lane = ctid % 32;
   const int g = lane / 4, t = lane % 4;
   const int key_lo = key0 + 16 * warp + g;  // accumulator rows of this thread: key_lo, key_lo + 8
-  const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
   constexpr uint32_t kDOFromQ = T::kDOOff - T::kQOff;
   constexpr int kSteps = T::kColBlock / 16;
   // fp32 P^T, thread-major: element group q (four floats) of consumer thread i at 16 (128 q + i), so that each
@@ -1028,28 +1046,24 @@ __device__ __forceinline__ void bwd_wide_roles_consumer(const BwdParams& p, uint
     // kQBlock apart), 16 query rows per k step.
     const uint64_t desc_rs = bwd_tile_desc<T::kRowBytes>(c == 0 ? sQ + kDOFromQ : sQ, T::kQBlock);
     uint32_t fr[kBM / 16][4];
-    if (c == 0) {
-      float lse_cols[kBM / 4];  // columns (queries) 8i + 2t, +1: read while S^T runs
-      const uint32_t sLse = base + T::kLseOff + s * kBM * 4;
+    // acc += x dO or x Q: x (P^T or dS^T) packed to 16-bit A fragments, kept in fr until the wgmma is waited for.
+    auto accumulate = [&](const float (&x)[kBM / 2]) {
 #pragma unroll
-      for (int i = 0; i < kBM / 8; ++i)
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-                     : "=f"(lse_cols[2 * i]), "=f"(lse_cols[2 * i + 1])
-                     : "r"(sLse + (8 * i + 2 * t) * 4));
+      for (int j = 0; j < kBM / 16; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) fr[j][r] = fragment(x, j, r);
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < kBM / 16; ++j)
+        wgmma_rs<T::kBf16, kD, 1>(acc, fr[j], desc_advance(desc_rs, j * 2 * T::kAtomBytes), 1);
+      wgmma_commit();
+    };
+    if (c == 0) {
+      float lse_cols[kBM / 4];  // read while S^T runs
+      bwd_load_cols<kBM / 8>(lse_cols, base + T::kLseOff + s * kBM * 4, t);
       wgmma_wait<0>();
       fence_regs(sc);
-#pragma unroll
-      for (int i = 0; i < kBM / 2; ++i) sc[i] = exp2f(sc[i] * p.scale_log2 - lse_cols[2 * (i / 4) + (i & 1)]);
-      if (key0 + kBN > p.seqlen_k || (p.causal && int64_t(key0) + kBN - 1 > int64_t(q0) + causal_shift)) {
-#pragma unroll
-        for (int i = 0; i < kBM / 8; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = key_lo + ((e & 2) ? 8 : 0);
-            const int64_t q = int64_t(q0) + 8 * i + 2 * t + (e & 1);
-            if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) sc[4 * i + e] = 0.f;
-          }
-      }
+      bwd_dense_probs<kBM / 8>(sc, lse_cols, p, key_lo, int64_t(q0) + 2 * t, bwd_dense_need_mask(p, key0, kBN, q0));
       // P^T to consumer 1, then dV += P^T dO.
 #pragma unroll
       for (int q = 0; q < kBM / 8; ++q)
@@ -1057,24 +1071,11 @@ __device__ __forceinline__ void bwd_wide_roles_consumer(const BwdParams& p, uint
                      "f"(sc[4 * q + 1]), "f"(sc[4 * q + 2]), "f"(sc[4 * q + 3])
                      : "memory");
       named_bar_arrive<2, 256>();
-#pragma unroll
-      for (int j = 0; j < kBM / 16; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) fr[j][r] = fragment(sc, j, r);
-      wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < kBM / 16; ++j)
-        wgmma_rs<T::kBf16, kD, 1>(acc, fr[j], desc_advance(desc_rs, j * 2 * T::kAtomBytes), 1);
-      wgmma_commit();
+      accumulate(sc);
       named_bar_sync<3, 256>();  // dS written
     } else {
       float dsum_cols[kBM / 4];
-      const uint32_t sDsum = base + T::kDsumOff + s * kBM * 4;
-#pragma unroll
-      for (int i = 0; i < kBM / 8; ++i)
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-                     : "=f"(dsum_cols[2 * i]), "=f"(dsum_cols[2 * i + 1])
-                     : "r"(sDsum + (8 * i + 2 * t) * 4));
+      bwd_load_cols<kBM / 8>(dsum_cols, base + T::kDsumOff + s * kBM * 4, t);
       wgmma_wait<0>();
       fence_regs(sc);
       named_bar_sync<2, 256>();  // P^T written
@@ -1090,15 +1091,7 @@ __device__ __forceinline__ void bwd_wide_roles_consumer(const BwdParams& p, uint
         sc[4 * q + 2] = p2 * (sc[4 * q + 2] - dsum_cols[2 * q]);
         sc[4 * q + 3] = p3 * (sc[4 * q + 3] - dsum_cols[2 * q + 1]);
       }
-#pragma unroll
-      for (int j = 0; j < kBM / 16; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) fr[j][r] = fragment(sc, j, r);
-      wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < kBM / 16; ++j)
-        wgmma_rs<T::kBf16, kD, 1>(acc, fr[j], desc_advance(desc_rs, j * 2 * T::kAtomBytes), 1);
-      wgmma_commit();
+      accumulate(sc);
       // dS through stmatrix.trans into [query][key] (128-byte rows, 128B swizzle): matrix mi of k step j holds keys
       // 16 warp + 8 (mi % 2) .. +7 x queries 16j + 8 (mi / 2) .. +7.
       {
@@ -1288,7 +1281,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       named_bar_sync<1, 256>();  // both consumers read all keys (dQ)
     }
   }
-  [[maybe_unused]] const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;  // dense build
 
   constexpr uint32_t kDOFromQ = T::kDOOff - T::kQOff;  // dO's descriptors: Q's, moved by this
 
@@ -1353,31 +1345,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // read while the wgmmas run (as bwd_kernel_sm90's).
     const uint32_t sLse = base + T::kLseOff + s * kBM * 4 + qc * 4, sDsum = base + T::kDsumOff + s * kBM * 4 + qc * 4;
     [[maybe_unused]] float lse_cols[8];
-    if constexpr (!T::kVariants) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-                     : "=f"(lse_cols[2 * i]), "=f"(lse_cols[2 * i + 1])
-                     : "r"(sLse + (8 * i + 2 * t) * 4));
-    }
+    if constexpr (!T::kVariants) bwd_load_cols<4>(lse_cols, sLse, t);
     wgmma_wait<1>();
     fence_regs(st);
     uint32_t fr[2][4];
     if constexpr (!T::kVariants) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) st[i] = exp2f(st[i] * p.scale_log2 - lse_cols[2 * (i / 4) + (i & 1)]);
-      // Keys past Sk and, causal, right of the diagonal: a pass of its own behind one branch (as
-      // bwd_kernel_sm90's).
-      if (key0 + kBN > p.seqlen_k || (p.causal && int64_t(key0) + kBN - 1 > int64_t(q0) + qc + causal_shift)) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = key_lo + ((e & 2) ? 8 : 0);
-            const int64_t q = int64_t(q0) + qc + 8 * i + 2 * t + (e & 1);
-            if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) st[4 * i + e] = 0.f;
-          }
-      }
+      bwd_dense_probs<4>(st, lse_cols, p, key_lo, int64_t(q0) + qc + 2 * t, bwd_dense_need_mask(p, key0, kBN, q0 + qc));
       // st holds P^T from here on.
 #pragma unroll
       for (int j = 0; j < 2; ++j)
