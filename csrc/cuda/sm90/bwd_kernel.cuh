@@ -980,9 +980,9 @@ struct Sm90BwdWideTraits {
 // dK take A from registers: about 344 KB of shared-memory traffic a step at D = 256 against 416 for the column
 // split. Registers per consumer thread: dV or dK D/2 (128 at D = 256), S^T or dP^T 32, P^T 32 (consumer 1), dQ
 // D/4. Dense problems only (kSupportsVariants false: a window, softcap, ALiBi or packed batch runs the plain
-// wide build). Barriers: 2 (P^T written: consumer 0 arrives, consumer 1 waits) and 3 (dS written: consumer 1
-// arrives, consumer 0 waits). P^T has one buffer (consumer 0 writes the next step's only after dS, which
-// consumer 1 writes after reading it); dS two (its readers are the wgmmas of both consumers).
+// wide build). Barriers: 2 (P^T written: consumer 0 arrives, consumer 1 waits) and 3 (dS written: both wait,
+// consumer 0 having nothing to do meanwhile). P^T has one buffer (consumer 0 writes the next step's only after
+// dS, which consumer 1 writes after reading it); dS two (its readers are the wgmmas of both consumers).
 template <class T>
 struct Sm90BwdRoleSplit : T {
   static constexpr bool kRoleSplit = true;
@@ -1104,7 +1104,7 @@ __device__ __forceinline__ void bwd_wide_roles_consumer(const BwdParams& p, uint
         }
       }
       fence_proxy_async_smem();
-      named_bar_arrive<3, 256>();
+      named_bar_sync<3, 256>();  // a sync here too: this consumer's own dQ wgmma reads what all its warps wrote
     }
 
     // dV or dK done before dQ is issued: its A fragments are then dead when dQ's accumulators are live (with
