@@ -17,7 +17,8 @@
 #   sanitize  compute-sanitizer (SANITIZE_TOOLS, default "memcheck racecheck") over tools/sanitize_cases.py on small
 #             shapes; SANITIZE_CONFIGS (fnmatch patterns over config names, the Hopper ones start with "sm90.")
 #             narrows it (default: the bf16 mma.sync configs of widths 64, 128, 160 and 256 and every bf16 Hopper
-#             config, forward and backward, and the decode kernels). $OUT/sanitize_<tool>.log.
+#             config, forward and backward, and the decode kernels); SANITIZE_ARGS adds tools/sanitize_cases.py options
+#             (e.g. --few-shapes, for racecheck). $OUT/sanitize_<tool>.log.
 #   bench     the benchmark for docs/benchmarks.md: fwd, bwd and fwd+bwd against torch's FLASH_ATTENTION and
 #             CUDNN_ATTENTION backends, written to $OUT/docs/ (bench_<device>.json and .png, and benchmarks.md
 #             rendered with the other devices' JSON files from docs/). Copy those three files into docs/.
@@ -96,7 +97,7 @@ fi
 if has sanitize; then
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
     step "compute-sanitizer $tool"
-    compute-sanitizer --tool $tool --error-exitcode 3 python3 tools/sanitize_cases.py ${SANITIZE_CONFIGS:-"bf16.d64.*" "bf16.d128.*" "bf16.d160.*" "bf16.d256.*" "sm90.bf16.*" "sm90.bwd.bf16.*" decode} > "$OUT/sanitize_$tool.log" 2>&1
+    compute-sanitizer --tool $tool --error-exitcode 3 python3 tools/sanitize_cases.py ${SANITIZE_ARGS:-} ${SANITIZE_CONFIGS:-"bf16.d64.*" "bf16.d128.*" "bf16.d160.*" "bf16.d256.*" "sm90.bf16.*" "sm90.bwd.bf16.*" decode} > "$OUT/sanitize_$tool.log" 2>&1
     rc=$?
     tail -4 "$OUT/sanitize_$tool.log"
     [ $rc -eq 0 ] || { echo "sanitizer $tool failed (rc=$rc)"; status=1; }

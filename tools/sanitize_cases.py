@@ -7,7 +7,8 @@ op). Also checks values, so a run that reads garbage fails.
 
 Arguments are fnmatch patterns over config names (default: every built bf16 config); "decode" adds the split-KV
 decode kernels' cases; --variants-only keeps only the attention-variant cases (windows, softcap, ALiBi, sinks),
-forward and backward, for a tool as slow as racecheck.
+forward and backward, and --few-shapes only the shapes of a few tiles (FEW_SHAPES), each for a tool as slow as
+racecheck.
 """
 import fnmatch
 import sys
@@ -25,6 +26,9 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, heads_q, heads_k)
     (1, 520, 200, 64, 8),  # 320 query tiles (B_r 128), more than the SMs: a persistent CTA walks 2-3 tiles
 ]
 NARROWER_SHAPES = SHAPES[1:3] + SHAPES[4:5]  # tails, GQA, rows with no keys, a cluster pair
+# --few-shapes: the shapes of a few tiles each (tails, GQA, rows with no keys, a cluster pair), for a tool as slow as
+# racecheck, which spends minutes on one launch of the many-tile shapes.
+FEW_SHAPES = SHAPES[:3] + SHAPES[4:5]  # and the first two variant shapes
 # Attention variants at the tile width on the tail/GQA shapes: (window_left, window_right, softcap, alibi, sinks);
 # windows that leave rows without keys, both bounds, and everything at once.
 VARIANTS = [(0, 0, 0.0, False, False), (17, -1, 0.0, False, True), (-1, 5, 20.0, True, False), (9, 3, 30.0, True, True)]
@@ -64,9 +68,11 @@ def variant_args(variant, batch, heads):
     return left, right, softcap, slopes, sink
 
 
-def cases(width):
+def cases(width, few_shapes=False):
     """(headdim, shape) pairs a config of this tile width runs."""
     narrower = sorted({d for d in (width - 8, width - 27) if d >= 1})
+    if few_shapes:
+        return [(width, s) for s in FEW_SHAPES] + [(narrower[0], NARROWER_SHAPES[0])]
     return [(width, s) for s in SHAPES] + [(d, s) for d in narrower for s in NARROWER_SHAPES]
 
 
@@ -102,13 +108,13 @@ def decode_cases():
     return failures
 
 
-def main(patterns, variants_only=False):
+def main(patterns, variants_only=False, few_shapes=False):
     failures = 0
     names = [n for n in flashop.dispatch.built_configs("forward") if any(fnmatch.fnmatch(n, p) for p in patterns)]
     for name in [] if variants_only else names:
         dtype_code, width = flashop.dispatch.dtype_and_headdim(name)
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_code]
-        for headdim, (b, sq, sk, hq, hk) in cases(width):
+        for headdim, (b, sq, sk, hq, hk) in cases(width, few_shapes):
             for causal in (False, True):
                 q = torch.randn(b, sq, hq, headdim, device="cuda", dtype=dtype)
                 k, v = (torch.randn(b, sk, hk, headdim, device="cuda", dtype=dtype) for _ in range(2))
@@ -125,7 +131,7 @@ def main(patterns, variants_only=False):
         dtype_code, width = flashop.dispatch.dtype_and_headdim(name)
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_code]
         for variant in VARIANTS:
-            for b, sq, sk, hq, hk in VARIANT_SHAPES:
+            for b, sq, sk, hq, hk in VARIANT_SHAPES[:2] if few_shapes else VARIANT_SHAPES:
                 q = torch.randn(b, sq, hq, width, device="cuda", dtype=dtype)
                 k, v = (torch.randn(b, sk, hk, width, device="cuda", dtype=dtype) for _ in range(2))
                 args = variant_args(variant, b, hq)
@@ -160,7 +166,7 @@ def main(patterns, variants_only=False):
     for name in bwd_names:
         dtype_code, width = flashop.dispatch.dtype_and_headdim(name)
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_code]
-        for headdim, (b, sq, sk, hq, hk) in [] if variants_only else cases(width):
+        for headdim, (b, sq, sk, hq, hk) in [] if variants_only else cases(width, few_shapes):
             # The wgmma backward (sm90.bwd.*) has no deterministic mode.
             for causal, deterministic in ((False, False), (True, not name.startswith("sm90.bwd."))):
                 q = torch.randn(b, sq, hq, headdim, device="cuda", dtype=dtype)
@@ -177,7 +183,7 @@ def main(patterns, variants_only=False):
         if not flashop.dispatch.runs_variants(flashop.dispatch.parse_config(name)):
             continue
         for variant in VARIANTS:
-            for b, sq, sk, hq, hk in VARIANT_SHAPES:
+            for b, sq, sk, hq, hk in VARIANT_SHAPES[:2] if few_shapes else VARIANT_SHAPES:
                 q = torch.randn(b, sq, hq, width, device="cuda", dtype=dtype)
                 k, v = (torch.randn(b, sk, hk, width, device="cuda", dtype=dtype) for _ in range(2))
                 left, right, softcap, slopes, sink = variant_args(variant, b, hq)
@@ -221,5 +227,6 @@ def main(patterns, variants_only=False):
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--variants-only"]
-    main(args or ["bf16.*"], variants_only="--variants-only" in sys.argv[1:])
+    options = ("--variants-only", "--few-shapes")
+    args = [a for a in sys.argv[1:] if a not in options]
+    main(args or ["bf16.*"], variants_only="--variants-only" in sys.argv[1:], few_shapes="--few-shapes" in sys.argv[1:])
