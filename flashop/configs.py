@@ -699,7 +699,7 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
 #
-# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.dqa][.lpt] (dqa: d64 only),
+# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.lpt],
 # sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64[.rs][.lpt] and sm90.bwd.<dtype>.d192.br64.bc96[.lpt].
 # FlashAttention-2's backward on wgmma + TMA: one producer and two consumer warpgroups per key tile of 128 rows
 # (csrc/cuda/sm90/bwd_kernel.cuh), of 64 rows at the wide widths (Sm90BwdWideTraits: the consumers split
@@ -713,10 +713,8 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 # policy's default (dispatch._choose takes the first listed Hopper backward config).
 # "rs" (Sm90BwdRoleSplit, wide widths): one consumer computes S^T, P^T and dV, the other dP^T, dS and dK, each
 # accumulating all D columns from registers (about a sixth less shared-memory traffic a step at d256); dense
-# problems only (no variants or packed build). In no list: built only when named in FLASHOP_BWD_KERNELS.
-# "dqa" (Sm90BwdDQAlternate, d64): the consumers take turns computing dQ over all 128 keys of the tile, a step
-# each, instead of each adding its own keys' partial dQ every step (half the fp32 dQ bytes through shared memory
-# and into the accumulator). In no list either.
+# problems only (no variants or packed build): listed first at _HOPPER_BACKWARD_RS_WIDTHS, so that dense problems
+# take it and the others fall back to the plain build; elsewhere built only when named in FLASHOP_BWD_KERNELS.
 #
 # Tile widths of the Hopper backward kernel (csrc/cuda/sm90/bwd_kernel.cuh Sm90BwdTraits): 64-column blocks
 # in the 128-byte swizzle at 64 and 128; at 96 32-column blocks in the 64-byte swizzle (K: 16-column blocks
@@ -728,7 +726,10 @@ HOPPER_BACKWARD_WIDE_WIDTHS = (160, 192, 224, 256)
 # The wide widths also built with B_c = 96 (Sm90BwdWideTraits<kBf16, D, 96>), the policy's default there.
 HOPPER_BACKWARD_BC96_WIDTHS = (192,)
 # Suffixes of a Hopper backward name, in name order.
-_HOPPER_BACKWARD_SUFFIXES = ("rs", "dqa", "lpt")
+_HOPPER_BACKWARD_SUFFIXES = ("rs", "lpt")
+# The widths whose ".rs" build is listed, ahead of the plain one (d256: 1.003-1.021x the plain build, H200, bf16,
+# 1k-16k, causal and not).
+_HOPPER_BACKWARD_RS_WIDTHS = (256,)
 # The widths whose ".lpt" build is listed (any width takes it when named in FLASHOP_BWD_KERNELS).
 _HOPPER_BACKWARD_LPT_WIDTHS = (128, 192, 256, 160, 224)
 
@@ -741,7 +742,6 @@ class HopperBackwardConfig:
     block_m: int = 64  # queries per step
     longest_first: bool = False  # causal blocks longest first ("lpt", Sm90BwdLpt)
     role_split: bool = False  # consumers split by role ("rs", Sm90BwdRoleSplit; wide B_c = 64 only)
-    dq_alternate: bool = False  # dQ by one consumer a step ("dqa", Sm90BwdDQAlternate; d64 only)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -757,8 +757,6 @@ class HopperBackwardConfig:
         if self.role_split and not (wide and self.block_n == 64):
             raise ValueError(f"HopperBackwardConfig {self.name!r}: the role split (rs) takes D = "
                              f"{', '.join(map(str, HOPPER_BACKWARD_WIDE_WIDTHS))} with B_c = 64")
-        if self.dq_alternate and not (narrow and self.headdim == 64):
-            raise ValueError(f"HopperBackwardConfig {self.name!r}: the alternating dQ (dqa) takes D = 64 with B_c = 128")
 
     @property
     def wide(self) -> bool:
@@ -779,7 +777,7 @@ class HopperBackwardConfig:
     @property
     def name(self) -> str:
         return (f"sm90.bwd.{self.dtype}.d{self.headdim}.br{self.block_m}.bc{self.block_n}"
-                + (".rs" if self.role_split else "") + (".dqa" if self.dq_alternate else "")
+                + (".rs" if self.role_split else "")
                 + (".lpt" if self.longest_first else ""))
 
     def runs_on(self, capability: tuple) -> bool:
@@ -803,10 +801,10 @@ class HopperBackwardConfig:
         suffixes = parts[6:]
         if len(parts) < 6 or parts[:2] != ["sm90", "bwd"] or any(x not in _HOPPER_BACKWARD_SUFFIXES for x in suffixes):
             raise ValueError(f"Hopper backward config {name!r}: expected "
-                             "sm90.bwd.<dtype>.d<D>.br<B_r>.bc<B_c>[.rs|.dqa][.lpt]")
+                             "sm90.bwd.<dtype>.d<D>.br<B_r>.bc<B_c>[.rs][.lpt]")
         try:
             config = cls(parts[2], int(parts[3][1:]), int(parts[5][2:]), int(parts[4][2:]), "lpt" in suffixes,
-                         "rs" in suffixes, "dqa" in suffixes)
+                         "rs" in suffixes)
         except ValueError as e:
             raise ValueError(f"Hopper backward config {name!r}: {e}") from None
         if config.name != name:
@@ -814,15 +812,18 @@ class HopperBackwardConfig:
         return config
 
 
-def _hopper_backward(dtype: str, d: int, longest_first: bool = False, block_n: int = 0) -> HopperBackwardConfig:
+def _hopper_backward(dtype: str, d: int, longest_first: bool = False, block_n: int = 0,
+                     role_split: bool = False) -> HopperBackwardConfig:
     block_n = block_n or (64 if d in HOPPER_BACKWARD_WIDE_WIDTHS else 128)
-    return HopperBackwardConfig(dtype, d, block_n, 64, longest_first)
+    return HopperBackwardConfig(dtype, d, block_n, 64, longest_first, role_split)
 
 
 # The policy's defaults first: B_c = 96 where built (d192: 1.32-1.37x B_c = 64 on an H100, bf16, 4k, causal and
-# not; it has no variants build, so a window, softcap or ALiBi takes B_c = 64), the plain builds, then "lpt".
+# not; it has no variants build, so a window, softcap or ALiBi takes B_c = 64) and "rs" (dense only), the plain
+# builds, then "lpt".
 HOPPER_BACKWARD_CONFIGS = (
     tuple(_hopper_backward(dtype, d, block_n=96) for d in HOPPER_BACKWARD_BC96_WIDTHS for dtype in ("bf16", "fp16"))
+    + tuple(_hopper_backward(dtype, d, role_split=True) for d in _HOPPER_BACKWARD_RS_WIDTHS for dtype in ("bf16", "fp16"))
     + tuple(_hopper_backward(dtype, d) for d in (128, 64, 96, 192, 256, 160, 224) for dtype in ("bf16", "fp16"))
     + tuple(_hopper_backward(dtype, d, True) for d in _HOPPER_BACKWARD_LPT_WIDTHS for dtype in ("bf16", "fp16")))
 

@@ -83,8 +83,9 @@ def test_selection_patterns():
 
 def test_hopper_backward_role_split_names(tmp_path):
     """The ".rs" Hopper backward builds (Sm90BwdRoleSplit): wide widths at B_c = 64 only, before ".lpt" in the name,
-    in no list, built when named, without the attention variants or packed batches; their instantiation wraps the
-    wide traits (inside Sm90BwdLpt for ".rs.lpt") and pins the shared memory the wide build has."""
+    listed ahead of the plain build at d256 only (elsewhere built when named), without the attention variants or
+    packed batches; their instantiation wraps the wide traits (inside Sm90BwdLpt for ".rs.lpt") and pins the shared
+    memory the wide build has."""
     config = parse_name("sm90.bwd.bf16.d256.br64.bc64.rs")
     assert config.role_split and config.wide and not config.supports_variants and not config.supports_packed
     assert config.smem_bytes() == parse_name("sm90.bwd.bf16.d256.br64.bc64").smem_bytes()
@@ -92,7 +93,11 @@ def test_hopper_backward_role_split_names(tmp_path):
     for bad in ("sm90.bwd.bf16.d128.br64.bc128.rs", "sm90.bwd.bf16.d192.br64.bc96.rs", "sm90.bwd.bf16.d256.br64.bc64.lpt.rs"):
         with pytest.raises(ValueError):
             parse_name(bad)
-    assert not any(c.role_split for c in HOPPER_BACKWARD_CONFIGS)
+    listed = [c.name for c in HOPPER_BACKWARD_CONFIGS]
+    assert [n for n in listed if parse_name(n).role_split] == ["sm90.bwd.bf16.d256.br64.bc64.rs",
+                                                                "sm90.bwd.fp16.d256.br64.bc64.rs"]
+    for dtype in ("bf16", "fp16"):
+        assert listed.index(f"sm90.bwd.{dtype}.d256.br64.bc64.rs") < listed.index(f"sm90.bwd.{dtype}.d256.br64.bc64")
     chosen = selected({"FLASHOP_BWD_KERNELS": "sm90.bwd.bf16.d256.br64.bc64.rs.lpt"})["sm90_bwd"]
     assert [c.name for c in chosen] == ["sm90.bwd.bf16.d256.br64.bc64.rs.lpt"]
     gen = load_codegen()
@@ -100,25 +105,6 @@ def test_hopper_backward_role_split_names(tmp_path):
     source = (tmp_path / gen.file_name(chosen[0])).read_text()
     assert ("Sm90BwdLpt<::flashop::sm90::Sm90BwdRoleSplit<::flashop::sm90::Sm90BwdWideTraits<true, 256>>>" in source
             and f"== {chosen[0].smem_bytes()}" in source)
-
-
-def test_hopper_backward_dq_alternate_names(tmp_path):
-    """The ".dqa" Hopper backward builds (Sm90BwdDQAlternate): d64 at B_c = 128 only, in no list, built when named,
-    with the attention variants and packed batches (the dQ step is all they change); the instantiation wraps the
-    traits (inside Sm90BwdLpt for ".dqa.lpt") and pins the plain build's shared memory."""
-    config = parse_name("sm90.bwd.fp16.d64.br64.bc128.dqa")
-    assert config.dq_alternate and config.supports_variants and config.supports_packed
-    assert config.smem_bytes() == parse_name("sm90.bwd.fp16.d64.br64.bc128").smem_bytes()
-    for bad in ("sm90.bwd.bf16.d128.br64.bc128.dqa", "sm90.bwd.bf16.d256.br64.bc64.dqa",
-                "sm90.bwd.bf16.d256.br64.bc64.rs.dqa", "sm90.bwd.bf16.d64.br64.bc128.lpt.dqa"):
-        with pytest.raises(ValueError):
-            parse_name(bad)
-    assert not any(c.dq_alternate for c in HOPPER_BACKWARD_CONFIGS)
-    chosen = selected({"FLASHOP_BWD_KERNELS": "sm90.bwd.bf16.d64.br64.bc128.dqa.lpt"})["sm90_bwd"]
-    gen = load_codegen()
-    gen.generate(str(tmp_path), ["sm90_bwd"], {"sm90_bwd": chosen})
-    source = (tmp_path / gen.file_name(chosen[0])).read_text()
-    assert "Sm90BwdLpt<::flashop::sm90::Sm90BwdDQAlternate<::flashop::sm90::Sm90BwdTraits<true, 64>>>" in source
 
 
 def test_generator_output(tmp_path):

@@ -269,16 +269,20 @@ def test_backward_lpt_builds_are_causal_tuner_candidates_not_defaults():
         for dtype in ("bf16", "fp16"):
             default = next(c.name for c in HOPPER_BACKWARD_CONFIGS
                            if c.dtype == dtype and c.headdim == width and not c.longest_first)
-            plain = next(c.name for c in HOPPER_BACKWARD_CONFIGS  # the B_c that has an lpt build
-                         if c.dtype == dtype and c.headdim == width and not c.longest_first and c.block_n != 96)
+            plain = next(c.name for c in HOPPER_BACKWARD_CONFIGS  # the build that has an lpt build and the variants
+                         if c.dtype == dtype and c.headdim == width and not c.longest_first and c.block_n != 96
+                         and not c.role_split)
             for causal in (True, False):
                 problem = dispatch.Problem(dtype, width, 4096, 4096, 16, causal, "backward")
                 names = [c.name for c in dispatch.candidates(h100, problem, ALL_BUILT_BACKWARD)]
                 assert (plain + ".lpt" in names) == causal and plain in names and default in names
                 assert dispatch.choose_config(h100, problem, ALL_BUILT_BACKWARD)[0] == default
-                # A window takes a build with the variants (B_c = 96 at d192 has none).
-                windowed = dataclasses.replace(problem, variants=True)
-                assert dispatch.choose_config(h100, windowed, ALL_BUILT_BACKWARD)[0] == plain
+                # A window or a packed batch takes a build with the variants (B_c = 96 at d192 and the role split
+                # at d256 have none).
+                for other in (dataclasses.replace(problem, variants=True), dataclasses.replace(problem, packed=True)):
+                    assert dispatch.choose_config(h100, other, ALL_BUILT_BACKWARD)[0] == plain
+            if width == 256:  # dense problems: the role split
+                assert default == f"sm90.bwd.{dtype}.d256.br64.bc64.rs"
 
 
 def test_policy_report_lists_every_family_and_both_picks():

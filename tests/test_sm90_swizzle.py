@@ -374,24 +374,6 @@ def test_bwd_dq_operands(width):
                     assert wgmma_mn_major(db, n, kk) == tile_byte(t["kg"], s_k, BWD_N, key, col0 + n)
 
 
-def test_bwd_dq_alternate_operands():
-    """Sm90BwdDQAlternate (d64): the consumer whose turn it is computes dQ = dS K over all 128 keys and 64 columns:
-    A element (query i, key) of both key blocks of dS, B element (column n, key) of all 128 rows of K."""
-    t = bwd_traits(64)
-    s_ds, s_k = BASE + t["ds"] + 2 * t["ds_block"], BASE + t["k"]
-    desc_ds = make_desc_sw(128, s_ds, 16, 1024)
-    desc_k = make_desc_sw(128, s_k, t["kg"]["kv_block"], 1024)
-    for k in range(BWD_N // 16):
-        da = desc_advance(desc_ds, (k // 4) * t["ds_block"] + (k % 4) * 32)
-        db = desc_advance(desc_k, 16 * k * 128)
-        for kk in range(16):
-            key = 16 * k + kk
-            for i in range(BWD_M):
-                assert wgmma_k_major(da, i, kk) == ds_byte(t, s_ds, i, key)
-            for n in range(64):
-                assert wgmma_mn_major(db, n, kk) == tile_byte(t["kg"], s_k, BWD_N, key, n)
-
-
 def test_bwd_ds_stmatrix():
     """stmatrix.x4.trans of dS^T fragments: row r of matrix mi (k step j) is query 16j + 8(mi / 2) + r, keys
     16 warp + 8 (mi % 2) .. + 7 of consumer c's block, 16 contiguous bytes where ds_byte puts them."""
