@@ -699,7 +699,7 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
 #
-# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.pers][.lpt],
+# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.lpt],
 # sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64[.rs][.lpt] and sm90.bwd.<dtype>.d192.br64.bc96[.lpt].
 # FlashAttention-2's backward on wgmma + TMA: one producer and two consumer warpgroups per key tile of 128 rows
 # (csrc/cuda/sm90/bwd_kernel.cuh), of 64 rows at the wide widths (Sm90BwdWideTraits: the consumers split
@@ -715,8 +715,6 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 # accumulating all D columns from registers (about a sixth less shared-memory traffic a step at d256); dense
 # problems only (no variants or packed build): listed first at _HOPPER_BACKWARD_RS_WIDTHS, so that dense problems
 # take it and the others fall back to the plain build; elsewhere built only when named in FLASHOP_BWD_KERNELS.
-# "pers" (Sm90BwdPersistent, widths 64-128): one CTA per SM walks the blocks, loading the next block's K, V, Q and
-# dO under the last one's dK / dV stores; dense problems only. In no list: built only when named.
 #
 # Tile widths of the Hopper backward kernel (csrc/cuda/sm90/bwd_kernel.cuh Sm90BwdTraits): 64-column blocks
 # in the 128-byte swizzle at 64 and 128; at 96 32-column blocks in the 64-byte swizzle (K: 16-column blocks
@@ -728,7 +726,7 @@ HOPPER_BACKWARD_WIDE_WIDTHS = (160, 192, 224, 256)
 # The wide widths also built with B_c = 96 (Sm90BwdWideTraits<kBf16, D, 96>), the policy's default there.
 HOPPER_BACKWARD_BC96_WIDTHS = (192,)
 # Suffixes of a Hopper backward name, in name order.
-_HOPPER_BACKWARD_SUFFIXES = ("rs", "pers", "lpt")
+_HOPPER_BACKWARD_SUFFIXES = ("rs", "lpt")
 # The widths whose ".rs" build is listed, ahead of the plain one (d256: 1.003-1.021x the plain build, H200, bf16,
 # 1k-16k, causal and not).
 _HOPPER_BACKWARD_RS_WIDTHS = (256,)
@@ -744,7 +742,6 @@ class HopperBackwardConfig:
     block_m: int = 64  # queries per step
     longest_first: bool = False  # causal blocks longest first ("lpt", Sm90BwdLpt)
     role_split: bool = False  # consumers split by role ("rs", Sm90BwdRoleSplit; wide B_c = 64 only)
-    persistent: bool = False  # one CTA per SM walks the blocks ("pers", Sm90BwdPersistent; widths 64-128)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -760,9 +757,6 @@ class HopperBackwardConfig:
         if self.role_split and not (wide and self.block_n == 64):
             raise ValueError(f"HopperBackwardConfig {self.name!r}: the role split (rs) takes D = "
                              f"{', '.join(map(str, HOPPER_BACKWARD_WIDE_WIDTHS))} with B_c = 64")
-        if self.persistent and not narrow:
-            raise ValueError(f"HopperBackwardConfig {self.name!r}: the persistent build (pers) takes D = "
-                             f"{', '.join(map(str, HOPPER_BACKWARD_WIDTHS))} with B_c = 128")
 
     @property
     def wide(self) -> bool:
@@ -771,9 +765,8 @@ class HopperBackwardConfig:
 
     @property
     def supports_variants(self) -> bool:
-        """Built with the attention variants (kSupportsVariants): all but B_c = 96, the role split and the persistent
-        build."""
-        return self.block_n != 96 and not self.role_split and not self.persistent
+        """Built with the attention variants (kSupportsVariants): all but B_c = 96 and the role split."""
+        return self.block_n != 96 and not self.role_split
 
     @property
     def supports_packed(self) -> bool:
@@ -784,7 +777,7 @@ class HopperBackwardConfig:
     @property
     def name(self) -> str:
         return (f"sm90.bwd.{self.dtype}.d{self.headdim}.br{self.block_m}.bc{self.block_n}"
-                + (".rs" if self.role_split else "") + (".pers" if self.persistent else "")
+                + (".rs" if self.role_split else "")
                 + (".lpt" if self.longest_first else ""))
 
     def runs_on(self, capability: tuple) -> bool:
@@ -793,14 +786,14 @@ class HopperBackwardConfig:
     def smem_bytes(self) -> int:
         """Sm90BwdTraits::kSmemBytes: K and V tiles, 2 stages of Q and dO, 2 dS buffers (B_r x B_c), at D = 64
         and 128 the two consumers' fp32 dQ tiles (B_r x D / 2 each, B_r x D at D = 64), 2 stages of lse and D
-        (B_r floats each), 5 mbarriers (6 in the persistent build) and 1024 bytes of alignment slack. The column blocks (64, 32 or 16
+        (B_r floats each), 5 mbarriers and 1024 bytes of alignment slack. The column blocks (64, 32 or 16
         columns) tile D exactly, with no padding. Sm90BwdWideTraits::kSmemBytes: the same with 2 buffers each
         of P and dS and no dQ tiles."""
         d, n, m = self.headdim, self.block_n, self.block_m
         score_buffers = 4 if self.wide else 2
         dq_tiles = 0 if self.wide or d == 96 else 4 * 2 * m * (d if d == 64 else d // 2)
         return (ELEMENT_BYTES * (2 * n * d + 2 * 2 * m * d + score_buffers * m * n) + dq_tiles + 2 * 2 * m * 4
-                + 8 * (6 if self.persistent else 5) + 1024)
+                + 8 * 5 + 1024)
 
     @classmethod
     def parse(cls, name: str) -> "HopperBackwardConfig":
@@ -808,10 +801,10 @@ class HopperBackwardConfig:
         suffixes = parts[6:]
         if len(parts) < 6 or parts[:2] != ["sm90", "bwd"] or any(x not in _HOPPER_BACKWARD_SUFFIXES for x in suffixes):
             raise ValueError(f"Hopper backward config {name!r}: expected "
-                             "sm90.bwd.<dtype>.d<D>.br<B_r>.bc<B_c>[.rs|.pers][.lpt]")
+                             "sm90.bwd.<dtype>.d<D>.br<B_r>.bc<B_c>[.rs][.lpt]")
         try:
             config = cls(parts[2], int(parts[3][1:]), int(parts[5][2:]), int(parts[4][2:]), "lpt" in suffixes,
-                         "rs" in suffixes, "pers" in suffixes)
+                         "rs" in suffixes)
         except ValueError as e:
             raise ValueError(f"Hopper backward config {name!r}: {e}") from None
         if config.name != name:

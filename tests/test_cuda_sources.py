@@ -107,27 +107,6 @@ def test_hopper_backward_role_split_names(tmp_path):
             and f"== {chosen[0].smem_bytes()}" in source)
 
 
-def test_hopper_backward_persistent_names(tmp_path):
-    """The ".pers" Hopper backward builds (Sm90BwdPersistent): widths 64-128 at B_c = 128 only, before ".lpt" in the
-    name, in no list, built when named, without the attention variants or packed batches, with one more mbarrier
-    than the plain build; their instantiation wraps the traits (inside Sm90BwdLpt for ".pers.lpt")."""
-    config = parse_name("sm90.bwd.bf16.d128.br64.bc128.pers")
-    assert config.persistent and not config.supports_variants and not config.supports_packed
-    assert config.smem_bytes() == parse_name("sm90.bwd.bf16.d128.br64.bc128").smem_bytes() + 8
-    assert parse_name("sm90.bwd.fp16.d96.br64.bc128.pers.lpt").longest_first
-    for bad in ("sm90.bwd.bf16.d256.br64.bc64.pers", "sm90.bwd.bf16.d192.br64.bc96.pers",
-                "sm90.bwd.bf16.d128.br64.bc128.lpt.pers", "sm90.bwd.bf16.d256.br64.bc64.rs.pers"):
-        with pytest.raises(ValueError):
-            parse_name(bad)
-    assert not any(c.persistent for c in HOPPER_BACKWARD_CONFIGS)
-    chosen = selected({"FLASHOP_BWD_KERNELS": "sm90.bwd.bf16.d64.br64.bc128.pers.lpt"})["sm90_bwd"]
-    gen = load_codegen()
-    gen.generate(str(tmp_path), ["sm90_bwd"], {"sm90_bwd": chosen})
-    source = (tmp_path / gen.file_name(chosen[0])).read_text()
-    assert ("Sm90BwdLpt<::flashop::sm90::Sm90BwdPersistent<::flashop::sm90::Sm90BwdTraits<true, 64>>>" in source
-            and f"== {chosen[0].smem_bytes()}" in source)
-
-
 def test_generator_output(tmp_path):
     gen = load_codegen()
     selection = selected({"FLASHOP_KERNELS": "bf16.d128.*,fp16.d64.br128.bc64.w4,sm90.bf16.d128.*",

@@ -74,8 +74,6 @@ struct Sm90BwdTraits {
   static constexpr bool kPacked = false;
   // The longest-first block order is the build Sm90BwdLpt<traits> (below).
   static constexpr bool kLongestFirst = false;
-  // One CTA per SM walking the blocks is the build Sm90BwdPersistent<traits> (below).
-  static constexpr bool kPersistent = false;
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128, "the sm90 backward takes D = 64, 96 or 128");
   // Q, dO and V tiles (K too, except at D = 96: kKColBlock below) are column blocks of kColBlock
   // elements, one swizzle span per row, as the TMA maps write them (the forward's layouts, fwd_traits.cuh): 64 (128 bytes, 128B swizzle, 1024-byte
@@ -277,38 +275,6 @@ __device__ __forceinline__ BwdBlock bwd_block(const BwdParams& p) {
     }
   }
   return BwdBlock{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
-}
-
-// ------------------------------------------------------------------ persistent CTAs (".pers")
-// Sm90BwdPersistent<Sm90BwdTraits<..>>: a grid of min(blocks, SMs) CTAs, each computing the blocks of dispatch
-// indices blockIdx.x, + gridDim.x, ... (bwd_block's order: key tile fastest, then kv head, then batch; a causal
-// problem on a ".pers.lpt" build the longest-first order). The producer loads the next block's K and V as soon as
-// both consumers have read the last ones (mbarrier kv_empty) and streams its Q and dO on through the same stages,
-// so that block j + 1's loads run under block j's dK / dV stores, and no CTA is launched and set up per block.
-// Dense problems only (no variants or packed build).
-template <class T>
-struct Sm90BwdPersistent : T {
-  static_assert(!T::kWide && !T::kVariants && !T::kPacked, "the persistent backward is a dense Sm90BwdTraits build");
-  static constexpr bool kPersistent = true;
-  static constexpr bool kSupportsVariants = false;
-  static constexpr uint32_t kBars = T::kBars + 1;  // + kv_empty, after the others
-  static constexpr uint32_t kSmemBytes = T::kSmemBytes + 8;
-};
-
-// The blocks of a dense problem (key tiles x kv heads x batch), and the block of a persistent CTA's dispatch index
-// in bwd_block's order. 32-bit: launch_bwd_main refuses a problem of 2^31 blocks or more (of 128 keys each, far
-// beyond any device's memory).
-__device__ __forceinline__ uint32_t bwd_block_count(const BwdParams& p, int block_n) {
-  return uint32_t((p.seqlen_k + block_n - 1) / block_n) * uint32_t(p.heads_k) * uint32_t(p.batch);
-}
-template <class T>
-__device__ __forceinline__ BwdBlock bwd_block_at(const BwdParams& p, uint32_t index) {
-  const uint32_t n_tiles = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
-  const uint32_t group = T::kLongestFirst && p.causal
-                             ? bwd_lpt_pairs(p.sm_count, n_tiles, p.l2_bytes, p.seqlen_q_rounded, T::kHeadDim,
-                                             p.head_ratio)
-                             : 1u;  // one pair a group: the plain order
-  return bwd_lpt_block<uint32_t>(index, n_tiles, uint32_t(p.heads_k), uint32_t(p.batch), group);
 }
 
 // ------------------------------------------------------------------ attention variants
@@ -530,40 +496,24 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const uint32_t bar_kv = base + T::kBarOff;
   auto bar_full = [&](int s) { return bar_kv + 8u * (1 + s); };
   auto bar_empty = [&](int s) { return bar_kv + 8u * (1 + T::kStages + s); };
-  [[maybe_unused]] const uint32_t bar_kv_empty = bar_kv + 8u * (1 + 2 * T::kStages);  // persistent only
 
-  // The block (key tile, kv head, batch) and its numbers (start_block); persistent: the CTA's first, and
-  // next_block() moves to the next one (false when none is left).
-  [[maybe_unused]] uint32_t index = blockIdx.x;
-  BwdBlock block = T::kPersistent ? bwd_block_at<T>(p, index) : bwd_block<T>(p);
-  int n_block, hk, b, key0;
-  int m_first, per_head;  // query tiles m_first .. m_first + per_head - 1 of each query head
-  int total;              // steps: (query head of the group, query tile)
+  const BwdBlock block = bwd_block<T>(p);
+  const int n_block = block.n_block, hk = block.hk, b = block.b;
+  const int key0 = n_block * kBN;
   // Packed: the sequence; a key tile past the rows it owns is the next sequence's (nothing to do).
   [[maybe_unused]] BwdSequence seq{};
+  if constexpr (T::kPacked) {
+    seq = bwd_sequence(p, b);
+    if (key0 >= seq.len_k) return;
+  }
   // Sq and Sk of the walk; the TMA maps' batch coordinate and the first query and key rows of b.
   auto seqlen_q = [&]() -> int { if constexpr (T::kPacked) return seq.used_q; else return p.seqlen_q; };
   auto seqlen_k = [&]() -> int { if constexpr (T::kPacked) return seq.used_k; else return p.seqlen_k; };
-  auto start_block = [&] {
-    n_block = block.n_block, hk = block.hk, b = block.b;
-    key0 = n_block * kBN;
-    if constexpr (T::kPacked) seq = bwd_sequence(p, b);
-    bwd_query_tiles<T>(p, key0, seqlen_q(), seqlen_k(), m_first, per_head);
-    total = per_head * p.head_ratio;
-  };
-  [[maybe_unused]] auto next_block = [&]() -> bool {
-    index += gridDim.x;
-    if (index >= bwd_block_count(p, kBN)) return false;
-    block = bwd_block_at<T>(p, index);
-    start_block();
-    return true;
-  };
-  start_block();
-  if constexpr (T::kPacked) {
-    if (key0 >= seq.len_k) return;
-  }
-  static_assert(!T::kPersistent || !T::kPacked, "q_row0 and k_row0 are one block's");
+  const int tma_b = T::kPacked ? 0 : b;
   const int q_row0 = T::kPacked ? seq.q_start : 0, k_row0 = T::kPacked ? seq.k_start : 0;
+  int m_first, per_head;  // query tiles m_first .. m_first + per_head - 1 of each query head
+  bwd_query_tiles<T>(p, key0, seqlen_q(), seqlen_k(), m_first, per_head);
+  const int total = per_head * p.head_ratio;  // steps: (query head of the group, query tile)
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -577,7 +527,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       mbar_init(bar_full(s), 1);
       mbar_init(bar_empty(s), T::kThreads - 128);  // one arrival per consumer thread
     }
-    if constexpr (T::kPersistent) mbar_init(bar_kv_empty, T::kThreads - 128);
     mbar_init_fence();
   }
   __syncthreads();
@@ -585,44 +534,32 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (wg == 0) {
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<T::kProducerRegs>();
-    if (tid == 0) {
-      // Persistent: the steps and K/V loads of the CTA's earlier blocks (the stages' and kv barriers' phases).
-      [[maybe_unused]] int steps_before = 0, kv_loads = 0;
-      do {
-        if (total == 0) continue;
-        if constexpr (T::kPersistent) {
-          if (kv_loads > 0) mbar_wait(bar_kv_empty, (kv_loads - 1) & 1);  // both consumers done with K, V
+    if (tid == 0 && total > 0) {
+      mbar_arrive_expect_tx(bar_kv, 2 * T::kKVTile);
+      for (int h = 0; h < T::kKBlocks; ++h) {
+        tma_load_4d(&tm_k, sK + h * T::kKBlock, bar_kv, T::kKColBlock * h, k_row0 + key0, hk, tma_b);
+        if (h < T::kDBlocks)
+          tma_load_4d(&tm_v, sV + h * T::kKVBlock, bar_kv, T::kColBlock * h, k_row0 + key0, hk, tma_b);
+      }
+      for (int it = 0; it < total; ++it) {
+        const int s = it % T::kStages;
+        const uint32_t use = it / T::kStages;
+        if (use > 0) mbar_wait(bar_empty(s), (use - 1) & 1);
+        const int hq = hk * p.head_ratio + it / per_head;
+        const int m = m_first + it % per_head;
+        const uint32_t full = bar_full(s);
+        mbar_arrive_expect_tx(full, T::kStepTxBytes);
+        const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
+        for (int h = 0; h < T::kDBlocks; ++h) {
+          tma_load_4d(&tm_q, sQ + h * T::kQBlock, full, T::kColBlock * h, q_row0 + m * kBM, hq, tma_b);
+          tma_load_4d(&tm_do, sDO + h * T::kQBlock, full, T::kColBlock * h, q_row0 + m * kBM, hq, tma_b);
         }
-        mbar_arrive_expect_tx(bar_kv, 2 * T::kKVTile);
-        for (int h = 0; h < T::kKBlocks; ++h) {
-          tma_load_4d(&tm_k, sK + h * T::kKBlock, bar_kv, T::kKColBlock * h, k_row0 + key0, hk, T::kPacked ? 0 : b);
-          if (h < T::kDBlocks)
-            tma_load_4d(&tm_v, sV + h * T::kKVBlock, bar_kv, T::kColBlock * h, k_row0 + key0, hk, T::kPacked ? 0 : b);
-        }
-        for (int it = 0; it < total; ++it) {
-          const int step = (T::kPersistent ? steps_before : 0) + it;
-          const int s = step % T::kStages;
-          const uint32_t use = step / T::kStages;
-          if (use > 0) mbar_wait(bar_empty(s), (use - 1) & 1);
-          const int hq = hk * p.head_ratio + it / per_head;
-          const int m = m_first + it % per_head;
-          const uint32_t full = bar_full(s);
-          mbar_arrive_expect_tx(full, T::kStepTxBytes);
-          const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
-          for (int h = 0; h < T::kDBlocks; ++h) {
-            tma_load_4d(&tm_q, sQ + h * T::kQBlock, full, T::kColBlock * h, q_row0 + m * kBM, hq, T::kPacked ? 0 : b);
-            tma_load_4d(&tm_do, sDO + h * T::kQBlock, full, T::kColBlock * h, q_row0 + m * kBM, hq,
-                        T::kPacked ? 0 : b);
-          }
-          // The workspaces are padded to kBwdSeqQPad rows (packed: each sequence's, bwd_params.h): the whole
-          // tile is in bounds.
-          const int64_t row = bwd_ws_row<T>(p, b, hq, seq.q_start) + int64_t(m) * kBM;
-          bulk_load(base + T::kLseOff + s * kBM * 4, p.lse_log2 + row, kBM * 4, full);
-          bulk_load(base + T::kDsumOff + s * kBM * 4, p.dsum + row, kBM * 4, full);
-        }
-        steps_before += total;
-        ++kv_loads;
-      } while (T::kPersistent && next_block());
+        // The workspaces are padded to kBwdSeqQPad rows (packed: each sequence's, bwd_params.h): the whole
+        // tile is in bounds.
+        const int64_t row = bwd_ws_row<T>(p, b, hq, seq.q_start) + int64_t(m) * kBM;
+        bulk_load(base + T::kLseOff + s * kBM * 4, p.lse_log2 + row, kBM * 4, full);
+        bulk_load(base + T::kDsumOff + s * kBM * 4, p.dsum + row, kBM * 4, full);
+      }
     }
     return;
   }
@@ -633,9 +570,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int ctid = tid - 128 * wg;
   const int warp = ctid / 32, lane = ctid % 32;
   const int g = lane / 4, t = lane % 4;
-  // Persistent: the steps and K/V loads of the CTA's earlier blocks, as the producer counts them.
-  [[maybe_unused]] int steps_before = 0, kv_loads = 0;
-  do {
   // Accumulator fragments (m64 x N): rows 16 warp + g (+8), columns 8i + 2t (+1) of n8 block i.
   const int key_lo = key0 + 64 * c + 16 * warp + g;  // this thread's keys: key_lo, key_lo + 8
 
@@ -643,7 +577,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
 
-  if (total > 0) mbar_wait(bar_kv, T::kPersistent ? kv_loads & 1 : 0);
+  if (total > 0) mbar_wait(bar_kv, 0);
   if constexpr (T::kPacked) {
     // Keys past used_k in the tile (rows past seqused_k, or the next sequence's): zero rows of K and V.
     if (total > 0 && key0 + kBN > seq.used_k) {
@@ -657,13 +591,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr uint32_t kDOFromQ = T::kDOOff - T::kQOff;  // dO's descriptors: Q's, moved by this
 
   for (int it = 0; it < total; ++it) {
-    const int step = (T::kPersistent ? steps_before : 0) + it;  // the stage's and the dS buffer's
-    const int s = step % T::kStages;
+    const int s = it % T::kStages;
     const int hq = hk * p.head_ratio + it / per_head;
     const int m = m_first + it % per_head;
     const int q0 = m * kBM;
     const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
-    mbar_wait(bar_full(s), (step / T::kStages) & 1);
+    mbar_wait(bar_full(s), (it / T::kStages) & 1);
     if constexpr (T::kPacked) {
       // Query rows past used_q in the tile: zero rows of this stage's Q and dO.
       if (q0 + kBM > seq.used_q) {
@@ -768,7 +701,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     // dS (this consumer's 64 keys = key block c of the [query][key] tile) through stmatrix.trans:
     // matrix mi of k step j holds keys 16 warp + 8 (mi % 2) .. +7 x queries 16j + 8 (mi / 2) .. +7.
-    const uint32_t sDS = base + T::kDSOff + (step & 1) * 2 * T::kDSBlock;
+    const uint32_t sDS = base + T::kDSOff + (it & 1) * 2 * T::kDSBlock;
     {
       const int mi = lane / 8, r = lane % 8;
       const int chunk = 2 * warp + (mi % 2);  // 16-byte chunk (8 keys) of the 128-byte row
@@ -884,16 +817,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // so each one's release covers its own shared-memory reads of lse and D.
     mbar_arrive(bar_empty(s));
   }
-  if constexpr (T::kPersistent) {
-    // The block's last wgmma (which read K) is done: the producer may load the next block's K and V, under the
-    // dK / dV stores below.
-    if (total > 0) mbar_arrive(bar_kv_empty);
-    steps_before += total;
-    kv_loads += total > 0;
-  } else {
-    // The dQ boxes stay allocated (and the adds reach the accumulator) until the reduce-adds are done.
-    if (T::kDQBulk && ctid == 0) tma_store_wait<0>();
-  }
+  // The dQ boxes stay allocated (and the adds reach the accumulator) until the reduce-adds are done.
+  if (T::kDQBulk && ctid == 0) tma_store_wait<0>();
 
   // dK * scale and dV from registers (rows = keys key_lo, key_lo + 8; columns 8i + 2t, n8 blocks
   // at or past the head dimension skipped).
@@ -921,10 +846,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             live ? pack2<T::kBf16>(acc_dv[4 * i + 2 * h], acc_dv[4 * i + 2 * h + 1]) : 0u;
       }
     }
-  }
-  } while (T::kPersistent && next_block());
-  if constexpr (T::kPersistent) {
-    if (T::kDQBulk && ctid == 0) tma_store_wait<0>();  // as above, once for the CTA's last block
   }
 #endif
 }
@@ -960,7 +881,6 @@ struct Sm90BwdWideTraits {
   static constexpr bool kSupportsVariants = !kKeySplit;
   static constexpr bool kPacked = false;  // see Sm90BwdTraits; built where the variants are
   static constexpr bool kLongestFirst = false;  // see Sm90BwdTraits
-  static constexpr bool kPersistent = false;    // see Sm90BwdTraits (the wide kernels have no persistent build)
   static constexpr bool kDQBulk = false;        // dQ adds with red.global.add (see Sm90BwdTraits)
   static constexpr bool kRoleSplit = false;     // Sm90BwdRoleSplit<traits> (below)
   static_assert(kHeadDim == 160 || kHeadDim == 192 || kHeadDim == 224 || kHeadDim == 256,

@@ -8,7 +8,6 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -36,12 +35,7 @@ cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUt
   static std::atomic<unsigned long long> configured{0};
   const cudaError_t err = set_kernel_smem_once(configured, kernel, K::kSmemBytes);
   if (err != cudaSuccess) return err;
-  dim3 grid((p.seqlen_k + K::kBlockN - 1) / K::kBlockN, p.heads_k, p.batch);
-  if constexpr (K::kPersistent) {  // one CTA per SM (at most one per block) walks the blocks
-    const int64_t blocks = int64_t(grid.x) * grid.y * grid.z;
-    if (blocks >= (int64_t(1) << 31)) return cudaErrorInvalidValue;  // the kernel counts blocks in 32 bits
-    grid = dim3(unsigned(std::min<int64_t>(blocks, std::max(p.sm_count, 1))));
-  }
+  const dim3 grid((p.seqlen_k + K::kBlockN - 1) / K::kBlockN, p.heads_k, p.batch);
   if constexpr (K::kWide) kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, tdo, p);
   else kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, tdo, tdq, p);
   return cudaGetLastError();
