@@ -953,6 +953,18 @@ struct Sm90BwdRoleSplit : T {
   static_assert(2 * T::kPBlock >= 64 * 64 * 4, "fp32 P^T fits both P buffers");
 };
 
+// dQ (m64 x kN columns) = dS K over the tile's 64 keys, issued as one commit group: A = dS K-major (desc_ds: one
+// 128-byte row span, four k16 steps of 32 bytes), B = K's column blocks from desc_k (MN-major: 16 key rows per
+// k step, blocks T::kKVBlock apart). For the wide kernels (the column split and the role split).
+template <class T, int kN>
+__device__ __forceinline__ void bwd_wide_dq_gemm(float (&dq)[kN / 2], uint64_t desc_ds, uint64_t desc_k) {
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < T::kBlockN / 16; ++k)
+    wgmma_ss<T::kBf16, kN, 1>(dq, desc_advance(desc_ds, k * 32), desc_advance(desc_k, k * 16 * T::kRowBytes), k > 0);
+  wgmma_commit();
+}
+
 template <class T>
 __device__ __forceinline__ void bwd_wide_roles_consumer(const BwdParams& p, uint32_t base, int hk, int b, int key0,
                                                         int m_first, int per_head, int total) {
@@ -1088,13 +1100,8 @@ __device__ __forceinline__ void bwd_wide_roles_consumer(const BwdParams& p, uint
     for (int chunk = 0; chunk < kH / kDQChunk; ++chunk) {
       const int col0 = kH * c + kDQChunk * chunk;
       float dq[kDQChunk / 2];
-      const uint64_t desc_k = bwd_tile_desc<T::kRowBytes>(sK + (col0 / T::kColBlock) * T::kKVBlock, T::kKVBlock);
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kBN / 16; ++k)
-        wgmma_ss<T::kBf16, kDQChunk, 1>(dq, desc_advance(desc_ds, k * 32),
-                                        desc_advance(desc_k, k * 16 * T::kRowBytes), k > 0);
-      wgmma_commit();
+      bwd_wide_dq_gemm<T, kDQChunk>(
+          dq, desc_ds, bwd_tile_desc<T::kRowBytes>(sK + (col0 / T::kColBlock) * T::kKVBlock, T::kKVBlock));
       wgmma_wait<0>();
       fence_regs(dq);
 #pragma unroll
@@ -1368,14 +1375,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // four k16 steps of 32 bytes), B = K's column blocks of half c (MN-major: 16 key rows per k step,
     // blocks kKVBlock apart).
     float dq[kH / 2];
-    const uint64_t desc_ds_kmajor = make_desc_sw128(sDS, 16, 1024);
-    const uint64_t desc_k_mnmajor = bwd_tile_desc<T::kRowBytes>(sK + col_c * T::kKVBlock, T::kKVBlock);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kBN / 16; ++k)
-      wgmma_ss<T::kBf16, kH, 1>(dq, desc_advance(desc_ds_kmajor, k * 32),
-                                desc_advance(desc_k_mnmajor, k * 16 * T::kRowBytes), k > 0);
-    wgmma_commit();
+    bwd_wide_dq_gemm<T, kH>(dq, make_desc_sw128(sDS, 16, 1024),
+                            bwd_tile_desc<T::kRowBytes>(sK + col_c * T::kKVBlock, T::kKVBlock));
 #pragma unroll
     for (int j = 0; j < kBM / 16; ++j)
       wgmma_ss<T::kBf16, kH, 1, 1>(acc_dk, desc_advance(desc_p_mnmajor, T::kDSOff - T::kPOff + j * 2048),
