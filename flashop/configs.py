@@ -699,7 +699,7 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
 #
-# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.lpt],
+# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.lpt], sm90.bwd.<dtype>.d64.br64.bc64,
 # sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64[.rs][.lpt] and sm90.bwd.<dtype>.d192.br64.bc96[.lpt].
 # FlashAttention-2's backward on wgmma + TMA: one producer and two consumer warpgroups per key tile of 128 rows
 # (csrc/cuda/sm90/bwd_kernel.cuh), of 64 rows at the wide widths (Sm90BwdWideTraits: the consumers split
@@ -707,6 +707,8 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 # bwd_kernel_sm90_wide_keys, the consumers split the keys and compute dK^T, dV^T: a third fewer dQ atomics
 # and Q/dO reloads per key, built without the attention variants). Not
 # deterministic (dQ atomics): deterministic=True runs an mma.sync backward config instead.
+# d64 with B_c = 64 (Sm90BwdTraits<kBf16, 64, 64>): one consumer warpgroup per CTA and two CTAs per SM, so that
+# one CTA's K/V loads and dK/dV stores run under the other's steps.
 # "lpt" (Sm90BwdLpt, csrc/cuda/sm90/bwd_lpt.h): causal problems take the blocks longest first, key-tile
 # major within groups of (batch, kv head) pairs (the mma.sync "lpt" grouping); other problems the plain
 # order. Built at _HOPPER_BACKWARD_LPT_WIDTHS, listed after the plain builds: a tuner candidate, never the
@@ -725,6 +727,8 @@ HOPPER_BACKWARD_WIDTHS = (64, 96, 128)
 HOPPER_BACKWARD_WIDE_WIDTHS = (160, 192, 224, 256)
 # The wide widths also built with B_c = 96 (Sm90BwdWideTraits<kBf16, D, 96>), the policy's default there.
 HOPPER_BACKWARD_BC96_WIDTHS = (192,)
+# The narrow widths also built with B_c = 64 (Sm90BwdTraits<kBf16, D, 64>: one consumer, two CTAs per SM).
+HOPPER_BACKWARD_BC64_WIDTHS = (64,)
 # Suffixes of a Hopper backward name, in name order.
 _HOPPER_BACKWARD_SUFFIXES = ("rs", "lpt")
 # The widths whose ".rs" build is listed, ahead of the plain one (d256: 1.003-1.021x the plain build, H200, bf16,
@@ -747,12 +751,14 @@ class HopperBackwardConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"HopperBackwardConfig: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         narrow = self.headdim in HOPPER_BACKWARD_WIDTHS and (self.block_n, self.block_m) == (128, 64)
+        narrow_bc64 = self.headdim in HOPPER_BACKWARD_BC64_WIDTHS and (self.block_n, self.block_m) == (64, 64)
         wide = self.headdim in HOPPER_BACKWARD_WIDE_WIDTHS and (self.block_n, self.block_m) == (64, 64)
         keys = self.headdim in HOPPER_BACKWARD_BC96_WIDTHS and (self.block_n, self.block_m) == (96, 64)
-        if not (narrow or wide or keys):
+        if not (narrow or narrow_bc64 or wide or keys):
             raise ValueError(f"HopperBackwardConfig {self.name!r}: the kernel takes D = "
                              f"{', '.join(map(str, HOPPER_BACKWARD_WIDTHS))} with B_c = 128, B_r = 64, or D = "
-                             f"{', '.join(map(str, HOPPER_BACKWARD_WIDE_WIDTHS))} with B_c = 64, B_r = 64, or D = "
+                             f"{', '.join(map(str, HOPPER_BACKWARD_BC64_WIDTHS + HOPPER_BACKWARD_WIDE_WIDTHS))} "
+                             f"with B_c = 64, B_r = 64, or D = "
                              f"{', '.join(map(str, HOPPER_BACKWARD_BC96_WIDTHS))} with B_c = 96, B_r = 64")
         if self.role_split and not (wide and self.block_n == 64):
             raise ValueError(f"HopperBackwardConfig {self.name!r}: the role split (rs) takes D = "
@@ -785,13 +791,13 @@ class HopperBackwardConfig:
 
     def smem_bytes(self) -> int:
         """Sm90BwdTraits::kSmemBytes: K and V tiles, 2 stages of Q and dO, 2 dS buffers (B_r x B_c), at D = 64
-        and 128 the two consumers' fp32 dQ tiles (B_r x D / 2 each, B_r x D at D = 64), 2 stages of lse and D
+        and 128 the B_c / 64 consumers' fp32 dQ tiles (B_r x D / 2 each, B_r x D at D = 64), 2 stages of lse and D
         (B_r floats each), 5 mbarriers and 1024 bytes of alignment slack. The column blocks (64, 32 or 16
         columns) tile D exactly, with no padding. Sm90BwdWideTraits::kSmemBytes: the same with 2 buffers each
         of P and dS and no dQ tiles."""
         d, n, m = self.headdim, self.block_n, self.block_m
         score_buffers = 4 if self.wide else 2
-        dq_tiles = 0 if self.wide or d == 96 else 4 * 2 * m * (d if d == 64 else d // 2)
+        dq_tiles = 0 if self.wide or d == 96 else 4 * (n // 64) * m * (d if d == 64 else d // 2)
         return (ELEMENT_BYTES * (2 * n * d + 2 * 2 * m * d + score_buffers * m * n) + dq_tiles + 2 * 2 * m * 4
                 + 8 * 5 + 1024)
 
@@ -825,6 +831,7 @@ HOPPER_BACKWARD_CONFIGS = (
     tuple(_hopper_backward(dtype, d, block_n=96) for d in HOPPER_BACKWARD_BC96_WIDTHS for dtype in ("bf16", "fp16"))
     + tuple(_hopper_backward(dtype, d, role_split=True) for d in _HOPPER_BACKWARD_RS_WIDTHS for dtype in ("bf16", "fp16"))
     + tuple(_hopper_backward(dtype, d) for d in (128, 64, 96, 192, 256, 160, 224) for dtype in ("bf16", "fp16"))
+    + tuple(_hopper_backward(dtype, d, block_n=64) for d in HOPPER_BACKWARD_BC64_WIDTHS for dtype in ("bf16", "fp16"))
     + tuple(_hopper_backward(dtype, d, True) for d in _HOPPER_BACKWARD_LPT_WIDTHS for dtype in ("bf16", "fp16")))
 
 

@@ -236,6 +236,11 @@ PERSISTENT_REGISTER_O_FROM = {128: 4096}
 # causal or not); 1.30-1.34x at d96 and 1.13-1.37x at d160-256 (H100, bf16, 4k, causal or not). A problem an mma.sync tile narrower than the
 # wgmma kernel's holds (d32) keeps the mma.sync kernel: the wgmma one would compute twice its columns.
 HOPPER_BACKWARD_HEADDIMS = (64, 96, 128, 160, 192, 224, 256)
+# Seqlen_k (non-causal, causal) below which the wgmma backward runs its B_c = 64 build (one consumer warpgroup,
+# two CTAs per SM: one CTA's K/V loads and dK/dV stores run under the other's steps) instead of B_c = 128: d64
+# non-causal 1k 1.08x, causal 1k 1.15x, 2k 1.09x, 4k 1.01x; from 8k 0.95-0.97x, each key tile loading its own
+# Q and dO (H200, bf16 and fp16).
+HOPPER_BACKWARD_BC64_BELOW = {64: (2048, 8192)}
 
 
 def mma_sync_backward_config(q: torch.Tensor, k: torch.Tensor, causal: bool, variants: bool = False,
@@ -373,6 +378,11 @@ def _choose(device: DeviceInfo, problem: Problem, pool: list, tuned: dict | None
         hopper_bwd = [c for c in pool if isinstance(c, HopperBackwardConfig)]
         mma_sync_width = min((c.headdim for c in pool if not isinstance(c, HopperBackwardConfig)), default=1 << 30)
         if hopper_bwd and hopper_bwd[0].headdim in HOPPER_BACKWARD_HEADDIMS and hopper_bwd[0].headdim <= mma_sync_width:
+            below = HOPPER_BACKWARD_BC64_BELOW.get(hopper_bwd[0].headdim, (0, 0))[problem.causal]
+            short = [c for c in hopper_bwd if c.block_n == 64 and not c.longest_first]
+            if problem.seqlen_k < below and short:
+                return short[0].name, (f"backward on compute capability 9.0, seqlen_k {problem.seqlen_k} < {below}: "
+                                       "the wgmma kernel at two CTAs per SM")
             return hopper_bwd[0].name, "backward default on compute capability 9.0: the wgmma kernel"
         # Backward configs are listed best first per headdim (flashop/configs.py, BACKWARD_CONFIGS).
         pool = [c for c in pool if not isinstance(c, HopperBackwardConfig)] or pool

@@ -244,7 +244,8 @@ def test_backward_policy_returns_a_built_config_that_fits(device):
         if device.capability == (9, 0) and hopper:
             narrowest = min(hopper, key=lambda c: c.headdim)
             if narrowest.headdim in dispatch.HOPPER_BACKWARD_HEADDIMS and narrowest.headdim <= width:
-                assert name == narrowest.name  # the wgmma kernel
+                # The wgmma kernel of that width (which build: test_backward_d64_short_problems_take_two_ctas_per_sm).
+                assert name.startswith("sm90.bwd.") and dispatch.parse_config(name).headdim == narrowest.headdim, name
                 continue
         assert name == fitting[0].name  # the first listed mma.sync config that fits
         assert parse_backward(name).smem_bytes() <= device.smem_per_block
@@ -254,11 +255,31 @@ def test_backward_wgmma_kernel_only_on_compute_capability_9_0():
     problem = dispatch.Problem("bf16", 128, 4096, 4096, 16, True, "backward")
     assert dispatch.choose_config(DEVICES["H100"], problem, ALL_BUILT_BACKWARD)[0] == "sm90.bwd.bf16.d128.br64.bc128"
     assert dispatch.choose_config(DEVICES["A100"], problem, ALL_BUILT_BACKWARD)[0].startswith("bwd.")
-    d64 = dataclasses.replace(problem, headdim=64)
+    d64 = dataclasses.replace(problem, headdim=64, seqlen_q=16384, seqlen_k=16384)
     assert dispatch.choose_config(DEVICES["H100"], d64, ALL_BUILT_BACKWARD)[0] == "sm90.bwd.bf16.d64.br64.bc128"
     # A problem a narrower mma.sync tile holds keeps it: the wgmma kernel's narrowest width is 64.
     d32 = dataclasses.replace(problem, headdim=32)
     assert dispatch.choose_config(DEVICES["H100"], d32, ALL_BUILT_BACKWARD)[0].startswith("bwd.bf16.d32.")
+
+
+def test_backward_d64_short_problems_take_two_ctas_per_sm():
+    """d64 below HOPPER_BACKWARD_BC64_BELOW (non-causal, causal) runs the B_c = 64 build, windows and packed
+    batches too (it has both); from there on, and at other widths, B_c = 128 stays."""
+    h100 = DEVICES["H100"]
+    non_causal_below, causal_below = dispatch.HOPPER_BACKWARD_BC64_BELOW[64]
+    for dtype in ("bf16", "fp16"):
+        short, default = f"sm90.bwd.{dtype}.d64.br64.bc64", f"sm90.bwd.{dtype}.d64.br64.bc128"
+        for causal, below in ((False, non_causal_below), (True, causal_below)):
+            for seqlen, expected in ((below // 2, short), (below - 1, short), (below, default), (4 * below, default)):
+                problem = dispatch.Problem(dtype, 64, seqlen, seqlen, 16, causal, "backward")
+                for p in (problem, dataclasses.replace(problem, variants=True), dataclasses.replace(problem, packed=True)):
+                    assert dispatch.choose_config(h100, p, ALL_BUILT_BACKWARD)[0] == expected, (p, expected)
+        # Without the B_c = 64 build the short problems keep the default.
+        built = [n for n in ALL_BUILT_BACKWARD if n != short]
+        problem = dispatch.Problem(dtype, 64, 1024, 1024, 16, True, "backward")
+        assert dispatch.choose_config(h100, problem, built)[0] == default
+    d128 = dispatch.Problem("bf16", 128, 1024, 1024, 16, True, "backward")
+    assert dispatch.choose_config(h100, d128, ALL_BUILT_BACKWARD)[0] == "sm90.bwd.bf16.d128.br64.bc128"
 
 
 def test_backward_lpt_builds_are_causal_tuner_candidates_not_defaults():

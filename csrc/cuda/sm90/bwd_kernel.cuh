@@ -7,6 +7,9 @@
 //   producer (warpgroup 0, setmaxnreg.dec 24; one thread): K_j, V_j once, then per step Q_i, dO_i,
 //     lse_log2_i and D_i into a 2-stage ring (full/empty mbarriers);
 //   consumer c (warpgroups 1, 2; setmaxnreg.inc 240): keys 64c .. 64c+63 of the tile.
+// D = 64 is also built with key tiles of 64 rows (Sm90BwdTraits<kBf16, 64, 64>): 256 threads, one consumer
+// (setmaxnreg.inc 232), two CTAs per SM (82 KiB of shared memory each), so that one CTA's K/V loads and dK/dV
+// stores run under the other's steps; the policy takes it for short problems (dispatch.py).
 // Per step (query tile i of B_r = 64 rows, one query head of the kv head's group):
 //   S^T  = K_c Q_i^T            SS wgmma m64n64, K = D     (both K-major)
 //   dP^T = V_c dO_i^T           SS wgmma m64n64            (issued right after S^T)
@@ -61,10 +64,15 @@
 namespace flashop {
 namespace sm90 {
 
-template <bool kBf16_, int kHeadDim_>
+template <bool kBf16_, int kHeadDim_, int kBlockN_ = 128>
 struct Sm90BwdTraits {
   static constexpr bool kBf16 = kBf16_;
   static constexpr int kHeadDim = kHeadDim_;  // the tile width: 64, 96 or 128
+  // Keys per CTA: 128 (two consumer warpgroups of 64 keys), or 64 at D = 64 (one consumer warpgroup, 256
+  // threads, two CTAs per SM, so that one CTA's K/V loads and dK/dV stores run under the other's steps).
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kConsumers = kBlockN / 64;
+  static_assert(kBlockN == 128 || (kBlockN == 64 && kHeadDim == 64), "B_c = 128, or 64 at D = 64");
   static constexpr bool kWide = false;        // bwd_kernel_sm90 (Sm90BwdWideTraits: bwd_kernel_sm90_wide)
   static constexpr bool kKeySplit = false;    // see Sm90BwdWideTraits
   // The attention variants are a second instantiation, Sm90BwdVariants<traits> (below).
@@ -89,7 +97,7 @@ struct Sm90BwdTraits {
   // its own 64 keys (twice the bytes added, a barrier of its own warpgroup): splitting the columns there
   // (K in 64B-swizzled 32-column blocks) ran at 0.86x cuDNN against 0.87-0.91x (H200, bf16, 1k-16k). D = 96
   // splits the columns for the atomics: 12 red.v2 per thread and step instead of 24 over split keys.
-  static constexpr bool kDQSplitKeys = kHeadDim == 64;
+  static constexpr bool kDQSplitKeys = kHeadDim == 64 || kConsumers == 1;
   // dK's k16 steps issued before the dS barrier; the rest follow dQ and run under dQ's stores
   // (FlashAttention-3's order; within noise of all of dK first, d128 bf16 on an H100).
   static constexpr int kDKEarlySteps = 2;
@@ -104,12 +112,14 @@ struct Sm90BwdTraits {
   static constexpr int kKAtomBytes = 8 * kKRowBytes;
   static constexpr int kKBlocks = kHeadDim / kKColBlock;
   static_assert(kDQSplitKeys || kDQCols % kKColBlock == 0, "each consumer's dQ columns are whole K blocks");
-  static constexpr int kBlockN = 128;  // keys per CTA (64 per consumer warpgroup)
   static constexpr int kBlockM = 64;   // queries per step
   static constexpr int kStages = 2;
-  static constexpr int kThreads = 384;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kCtasPerSm = kConsumers == 1 ? 2 : 1;
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  // All of the CTA's share of the register file (65536 / kCtasPerSm) goes to its warpgroups.
+  static constexpr int kConsumerRegs = kConsumers == 1 ? 232 : 240;
+  static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536 / kCtasPerSm, "register file");
   // A column block of a tile: 16 (8) KiB of K or V, 8 (4) KiB of Q or dO with 128-byte (64-byte) rows.
   static constexpr uint32_t kKVBlock = kBlockN * kRowBytes;
   static constexpr uint32_t kKBlock = kBlockN * kKRowBytes;  // a column block of K
@@ -122,7 +132,7 @@ struct Sm90BwdTraits {
   static constexpr uint32_t kVOff = kKOff + kKVTile;
   static constexpr uint32_t kQOff = kVOff + kKVTile;               // stage s at + s * kQTile
   static constexpr uint32_t kDOOff = kQOff + kStages * kQTile;
-  static constexpr uint32_t kDSOff = kDOOff + kStages * kQTile;    // buffer u, key block c at + (2u + c) kDSBlock
+  static constexpr uint32_t kDSOff = kDOOff + kStages * kQTile;    // buffer u, key block c at + (kConsumers u + c) kDSBlock
   // dQ leaves through shared memory at D = 64 and 128 (kDQBulk): each consumer stores its m64 x kDQCols fp32
   // fragments into 32-column boxes (128-byte rows, 128B swizzle), one thread reduce-adds them into the
   // accumulator (TMA), and the next step's barrier before dQ frees them. D = 96 (48 columns a consumer) keeps
@@ -130,8 +140,8 @@ struct Sm90BwdTraits {
   static constexpr bool kDQBulk = kHeadDim != 96;
   static constexpr uint32_t kDQBox = kBlockM * 128;  // 64 rows x 32 fp32 columns
   static constexpr uint32_t kDQConsumerBytes = kDQBulk ? kDQCols / 32 * kDQBox : 0;
-  static constexpr uint32_t kDQOff = kDSOff + 2 * 2 * kDSBlock;  // consumer c at + c * kDQConsumerBytes
-  static constexpr uint32_t kLseOff = kDQOff + 2 * kDQConsumerBytes;  // stage s at + s * 256
+  static constexpr uint32_t kDQOff = kDSOff + 2 * kConsumers * kDSBlock;  // consumer c at + c * kDQConsumerBytes
+  static constexpr uint32_t kLseOff = kDQOff + kConsumers * kDQConsumerBytes;  // stage s at + s * 256
   static constexpr uint32_t kDsumOff = kLseOff + kStages * kBlockM * 4;
   static constexpr uint32_t kBarOff = kDsumOff + kStages * kBlockM * 4;
   static constexpr uint32_t kBars = 1 + 2 * kStages;  // kv_full, full[s], empty[s]
@@ -146,7 +156,7 @@ struct Sm90BwdTraits {
                     kKBlock % kKAtomBytes == 0,
                 "swizzle atoms");
   static_assert(kKBlocks * kKBlock == kKVTile, "K and V tiles of one size");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  static_assert(kSmemBytes + 1024 <= 228 * 1024 / kCtasPerSm, "shared memory (1 KiB of each CTA's is reserved)");
 };
 
 // The wgmma descriptor of a Q, dO, K or V operand at smem_addr in column blocks of kRowBytes-byte rows
@@ -465,15 +475,15 @@ __device__ __forceinline__ int64_t bwd_ws_row(const BwdParams& p, int b, int hq,
 
 // Zeroes rows r0 .. kRows - 1 of a tile of kBlocks column blocks (kBlockBytes apart, kRowBytes per row):
 // those rows are one byte range of each block whatever the swizzle (it permutes 16-byte chunks within a
-// row). i: the thread's index among the 256 consumer threads. The caller fences (fence_proxy_async_smem)
-// and syncs both consumers before a wgmma reads the tile.
-template <int kBlocks, uint32_t kBlockBytes, int kRowBytes, int kRows>
+// row). i: the thread's index among the kThreads consumer threads. The caller fences (fence_proxy_async_smem)
+// and syncs the consumers before a wgmma reads the tile.
+template <int kBlocks, uint32_t kBlockBytes, int kRowBytes, int kRows, int kThreads = 256>
 __device__ __forceinline__ void bwd_zero_rows(uint32_t tile, int r0, int i) {
   const uint32_t end = kRows * kRowBytes;
 #pragma unroll 1
   for (int h = 0; h < kBlocks; ++h)
 #pragma unroll 1
-    for (uint32_t off = uint32_t(r0) * kRowBytes + 16u * i; off < end; off += 16u * 256u) {
+    for (uint32_t off = uint32_t(r0) * kRowBytes + 16u * i; off < end; off += 16u * kThreads) {
 #ifdef FLASHOP_SM90_ENABLED
       asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(tile + h * kBlockBytes + off), "r"(0u)
                    : "memory");
@@ -482,12 +492,13 @@ __device__ __forceinline__ void bwd_zero_rows(uint32_t tile, int r0, int i) {
 }
 
 template <class T>
-__global__ void __launch_bounds__(T::kThreads, 1)
+__global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     bwd_kernel_sm90(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                     const __grid_constant__ CUtensorMap tm_dq, const __grid_constant__ BwdParams p) {
 #ifdef FLASHOP_SM90_ENABLED
   constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kD = T::kHeadDim;
+  constexpr int kConsumerThreads = 128 * T::kConsumers;
   using Elem = typename std::conditional<T::kBf16, __nv_bfloat16, __half>::type;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -581,10 +592,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if constexpr (T::kPacked) {
     // Keys past used_k in the tile (rows past seqused_k, or the next sequence's): zero rows of K and V.
     if (total > 0 && key0 + kBN > seq.used_k) {
-      bwd_zero_rows<T::kKBlocks, T::kKBlock, T::kKRowBytes, kBN>(sK, seq.used_k - key0, tid - 128);
-      bwd_zero_rows<T::kDBlocks, T::kKVBlock, T::kRowBytes, kBN>(sV, seq.used_k - key0, tid - 128);
+      bwd_zero_rows<T::kKBlocks, T::kKBlock, T::kKRowBytes, kBN, kConsumerThreads>(sK, seq.used_k - key0, tid - 128);
+      bwd_zero_rows<T::kDBlocks, T::kKVBlock, T::kRowBytes, kBN, kConsumerThreads>(sV, seq.used_k - key0, tid - 128);
       fence_proxy_async_smem();
-      named_bar_sync<1, 256>();  // both consumers read all keys (dQ)
+      named_bar_sync<1, kConsumerThreads>();  // every consumer reads all keys (dQ)
     }
   }
 
@@ -600,10 +611,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if constexpr (T::kPacked) {
       // Query rows past used_q in the tile: zero rows of this stage's Q and dO.
       if (q0 + kBM > seq.used_q) {
-        bwd_zero_rows<T::kDBlocks, T::kQBlock, T::kRowBytes, kBM>(sQ, seq.used_q - q0, tid - 128);
-        bwd_zero_rows<T::kDBlocks, T::kQBlock, T::kRowBytes, kBM>(sDO, seq.used_q - q0, tid - 128);
+        bwd_zero_rows<T::kDBlocks, T::kQBlock, T::kRowBytes, kBM, kConsumerThreads>(sQ, seq.used_q - q0, tid - 128);
+        bwd_zero_rows<T::kDBlocks, T::kQBlock, T::kRowBytes, kBM, kConsumerThreads>(sDO, seq.used_q - q0, tid - 128);
         fence_proxy_async_smem();
-        named_bar_sync<1, 256>();
+        named_bar_sync<1, kConsumerThreads>();
       }
     }
 
@@ -701,7 +712,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     // dS (this consumer's 64 keys = key block c of the [query][key] tile) through stmatrix.trans:
     // matrix mi of k step j holds keys 16 warp + 8 (mi % 2) .. +7 x queries 16j + 8 (mi / 2) .. +7.
-    const uint32_t sDS = base + T::kDSOff + (it & 1) * 2 * T::kDSBlock;
+    const uint32_t sDS = base + T::kDSOff + (it & 1) * T::kConsumers * T::kDSBlock;
     {
       const int mi = lane / 8, r = lane % 8;
       const int chunk = 2 * warp + (mi % 2);  // 16-byte chunk (8 keys) of the 128-byte row
@@ -775,6 +786,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     };
     float dq[T::kDQCols / 2];
     if constexpr (!T::kDQSplitKeys) {
+      static_assert(T::kConsumers == 2, "the column split takes both consumers' dS");
       named_bar_sync<1, 256>();  // both key blocks of dS written
       // dQ[:, n0 .. n0 + D/2 - 1] = dS K[:, n0 ..], n0 = c D/2: A = dS (K-major over the 128 keys, key
       // blocks kDSBlock apart), B = K's column blocks from n0 on (MN-major: 16 key rows per k step, blocks

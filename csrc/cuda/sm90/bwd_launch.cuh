@@ -49,7 +49,7 @@ cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUt
 template <class T>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   // The aux kernels read only the head dimension and dtype of their config.
-  using Aux = BwdConfig<T::kBf16 ? DType::kBf16 : DType::kFp16, T::kHeadDim, T::kWide ? 64 : T::kBlockN, T::kBlockM, 8>;
+  using Aux = BwdConfig<T::kBf16 ? DType::kBf16 : DType::kFp16, T::kHeadDim, T::kWide ? 64 : 128, T::kBlockM, 8>;
   if (p.deterministic || !sm80::bwd::bwd_params_ok<Aux>(p)) return cudaErrorInvalidValue;  // incl. headdim
   const bool variants = bwd_variants_requested(p.variants);
   const bool packed = p.packed.packed();
