@@ -4,7 +4,7 @@ conversion, torch's own fills and copies) the time goes to.
 
     python3 tools/probes/kernel_breakdown.py --direction backward --headdim 128 --seqlens 1024 16384 --causal
     python3 tools/probes/kernel_breakdown.py --direction forward --headdim 64 --seqlens 1024 --causal \
-        --configs NAME [NAME ...]   # also these configs, next to the policy's pick
+        --configs NAME [NAME ...]   # also these configs (of the direction's family), next to the policy's pick
 
 Same shapes as the benchmark: batch x seqlen = 32768 tokens, 2048 / headdim query heads.
 """
@@ -32,6 +32,17 @@ def breakdown(fn, repeats):
     return sorted(per_kernel.items(), key=lambda kv: -kv[1])
 
 
+def named_backward_runner(case, config):
+    """The backward op with a named backward config on the case's inputs (the forward run once beforehand by
+    the policy's pick): the benchmark's runners name forward configs only."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    q, k, v = (torch.randn(case.batch, case.seqlen, case.heads, case.headdim, device="cuda", dtype=dtype)
+               for _ in range(3))
+    out, lse = torch.ops.flashop.forward(q, k, v, None, case.causal)
+    dout = torch.randn_like(out)
+    return lambda: torch.ops.flashop.backward(dout, q, k, v, out, lse, None, case.causal, config)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--direction", choices=("forward", "backward"), default="backward")
@@ -51,7 +62,10 @@ def main():
               f"({case.batch}x{case.heads}); ms per call")
         runs = [("flashop", None)] + [("flashop", c) for c in args.configs] + [("flash", None), ("cudnn", None)]
         for impl, config in runs:
-            fn = make_runner(impl, case, "cuda", config=config)
+            if config is not None and args.direction == "backward":
+                fn = named_backward_runner(case, config)
+            else:
+                fn = make_runner(impl, case, "cuda", config=config)
             rows = breakdown(fn, args.repeats)
             total = sum(ms for _, ms in rows)
             # Wall time of the call on the GPU (the benchmark's measure, L2 flushed before each call)
