@@ -237,9 +237,8 @@ PERSISTENT_REGISTER_O_FROM = {128: 4096}
 # wgmma kernel's holds (d32) keeps the mma.sync kernel: the wgmma one would compute twice its columns.
 HOPPER_BACKWARD_HEADDIMS = (64, 96, 128, 160, 192, 224, 256)
 # Seqlen_k (non-causal, causal) below which the wgmma backward runs its B_c = 64 build (one consumer warpgroup,
-# two CTAs per SM: one CTA's K/V loads and dK/dV stores run under the other's steps) instead of B_c = 128: d64
-# non-causal 1k 1.08x, causal 1k 1.15x, 2k 1.09x, 4k 1.01x; from 8k 0.95-0.97x, each key tile loading its own
-# Q and dO (H200, bf16 and fp16).
+# two CTAs per SM: one CTA's K/V loads and dK/dV stores run under the other's steps) instead of B_c = 128:
+# d64 1k 1.08x (causal 1.15x), from 8k 0.95-0.97x with each key tile loading its own Q and dO (H200).
 HOPPER_BACKWARD_BC64_BELOW = {64: (2048, 8192)}
 
 
