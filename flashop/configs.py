@@ -699,7 +699,7 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
 #
-# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.lpt], sm90.bwd.<dtype>.d64.br64.bc64,
+# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.lpt], sm90.bwd.<dtype>.d64.br64.bc64, sm90.bwd.<dtype>.d64.br128.bc128,
 # sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64[.rs][.lpt] and sm90.bwd.<dtype>.d192.br64.bc96[.lpt].
 # FlashAttention-2's backward on wgmma + TMA: one producer and two consumer warpgroups per key tile of 128 rows
 # (csrc/cuda/sm90/bwd_kernel.cuh), of 64 rows at the wide widths (Sm90BwdWideTraits: the consumers split
@@ -708,7 +708,8 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 # and Q/dO reloads per key, built without the attention variants). Not
 # deterministic (dQ atomics): deterministic=True runs an mma.sync backward config instead.
 # d64 with B_c = 64 (Sm90BwdTraits<kBf16, 64, 64>): one consumer warpgroup per CTA and two CTAs per SM, so that
-# one CTA's K/V loads and dK/dV stores run under the other's steps.
+# one CTA's K/V loads and dK/dV stores run under the other's steps. d64 with B_r = 128 (Sm90BwdTraits<kBf16, 64, 128,
+# 128>, FlashAttention-3's d64 tile): 128 queries a step, lse and D by shuffles; dense problems only.
 # "lpt" (Sm90BwdLpt, csrc/cuda/sm90/bwd_lpt.h): causal problems take the blocks longest first, key-tile
 # major within groups of (batch, kv head) pairs (the mma.sync "lpt" grouping); other problems the plain
 # order. Built at _HOPPER_BACKWARD_LPT_WIDTHS, listed after the plain builds: a tuner candidate, never the
@@ -729,6 +730,8 @@ HOPPER_BACKWARD_WIDE_WIDTHS = (160, 192, 224, 256)
 HOPPER_BACKWARD_BC96_WIDTHS = (192,)
 # The narrow widths also built with B_c = 64 (Sm90BwdTraits<kBf16, D, 64>: one consumer, two CTAs per SM).
 HOPPER_BACKWARD_BC64_WIDTHS = (64,)
+# The narrow widths also built with B_r = 128 (Sm90BwdTraits<kBf16, D, 128, 128>).
+HOPPER_BACKWARD_BR128_WIDTHS = (64,)
 # Suffixes of a Hopper backward name, in name order.
 _HOPPER_BACKWARD_SUFFIXES = ("rs", "lpt")
 # The widths whose ".rs" build is listed, ahead of the plain one (d256: 1.003-1.021x the plain build, H200, bf16,
@@ -752,13 +755,15 @@ class HopperBackwardConfig:
             raise ValueError(f"HopperBackwardConfig: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         narrow = self.headdim in HOPPER_BACKWARD_WIDTHS and (self.block_n, self.block_m) == (128, 64)
         narrow_bc64 = self.headdim in HOPPER_BACKWARD_BC64_WIDTHS and (self.block_n, self.block_m) == (64, 64)
+        narrow_br128 = self.headdim in HOPPER_BACKWARD_BR128_WIDTHS and (self.block_n, self.block_m) == (128, 128)
         wide = self.headdim in HOPPER_BACKWARD_WIDE_WIDTHS and (self.block_n, self.block_m) == (64, 64)
         keys = self.headdim in HOPPER_BACKWARD_BC96_WIDTHS and (self.block_n, self.block_m) == (96, 64)
-        if not (narrow or narrow_bc64 or wide or keys):
+        if not (narrow or narrow_bc64 or narrow_br128 or wide or keys):
             raise ValueError(f"HopperBackwardConfig {self.name!r}: the kernel takes D = "
                              f"{', '.join(map(str, HOPPER_BACKWARD_WIDTHS))} with B_c = 128, B_r = 64, or D = "
                              f"{', '.join(map(str, HOPPER_BACKWARD_BC64_WIDTHS + HOPPER_BACKWARD_WIDE_WIDTHS))} "
                              f"with B_c = 64, B_r = 64, or D = "
+                             f"{', '.join(map(str, HOPPER_BACKWARD_BR128_WIDTHS))} with B_c = 128, B_r = 128, or D = "
                              f"{', '.join(map(str, HOPPER_BACKWARD_BC96_WIDTHS))} with B_c = 96, B_r = 64")
         if self.role_split and not (wide and self.block_n == 64):
             raise ValueError(f"HopperBackwardConfig {self.name!r}: the role split (rs) takes D = "
@@ -771,8 +776,8 @@ class HopperBackwardConfig:
 
     @property
     def supports_variants(self) -> bool:
-        """Built with the attention variants (kSupportsVariants): all but B_c = 96 and the role split."""
-        return self.block_n != 96 and not self.role_split
+        """Built with the attention variants (kSupportsVariants): all but B_c = 96, B_r = 128 and the role split."""
+        return self.block_n != 96 and self.block_m == 64 and not self.role_split
 
     @property
     def supports_packed(self) -> bool:
@@ -797,7 +802,7 @@ class HopperBackwardConfig:
         of P and dS and no dQ tiles."""
         d, n, m = self.headdim, self.block_n, self.block_m
         score_buffers = 4 if self.wide else 2
-        dq_tiles = 0 if self.wide or d == 96 else 4 * (n // 64) * m * (d if d == 64 else d // 2)
+        dq_tiles = 0 if self.wide or d == 96 else 4 * (n // 64) * 64 * (d if d == 64 else d // 2)  # 64-row tiles
         return (ELEMENT_BYTES * (2 * n * d + 2 * 2 * m * d + score_buffers * m * n) + dq_tiles + 2 * 2 * m * 4
                 + 8 * 5 + 1024)
 
@@ -819,9 +824,9 @@ class HopperBackwardConfig:
 
 
 def _hopper_backward(dtype: str, d: int, longest_first: bool = False, block_n: int = 0,
-                     role_split: bool = False) -> HopperBackwardConfig:
+                     role_split: bool = False, block_m: int = 64) -> HopperBackwardConfig:
     block_n = block_n or (64 if d in HOPPER_BACKWARD_WIDE_WIDTHS else 128)
-    return HopperBackwardConfig(dtype, d, block_n, 64, longest_first, role_split)
+    return HopperBackwardConfig(dtype, d, block_n, block_m, longest_first, role_split)
 
 
 # The policy's defaults first: B_c = 96 where built (d192: 1.32-1.37x B_c = 64 on an H100, bf16, 4k, causal and
@@ -832,6 +837,7 @@ HOPPER_BACKWARD_CONFIGS = (
     + tuple(_hopper_backward(dtype, d, role_split=True) for d in _HOPPER_BACKWARD_RS_WIDTHS for dtype in ("bf16", "fp16"))
     + tuple(_hopper_backward(dtype, d) for d in (128, 64, 96, 192, 256, 160, 224) for dtype in ("bf16", "fp16"))
     + tuple(_hopper_backward(dtype, d, block_n=64) for d in HOPPER_BACKWARD_BC64_WIDTHS for dtype in ("bf16", "fp16"))
+    + tuple(_hopper_backward(dtype, d, block_m=128) for d in HOPPER_BACKWARD_BR128_WIDTHS for dtype in ("bf16", "fp16"))
     + tuple(_hopper_backward(dtype, d, True) for d in _HOPPER_BACKWARD_LPT_WIDTHS for dtype in ("bf16", "fp16")))
 
 

@@ -64,7 +64,7 @@
 namespace flashop {
 namespace sm90 {
 
-template <bool kBf16_, int kHeadDim_, int kBlockN_ = 128>
+template <bool kBf16_, int kHeadDim_, int kBlockN_ = 128, int kBlockM_ = 64>
 struct Sm90BwdTraits {
   static constexpr bool kBf16 = kBf16_;
   static constexpr int kHeadDim = kHeadDim_;  // the tile width: 64, 96 or 128
@@ -73,11 +73,19 @@ struct Sm90BwdTraits {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kConsumers = kBlockN / 64;
   static_assert(kBlockN == 128 || (kBlockN == 64 && kHeadDim == 64), "B_c = 128, or 64 at D = 64");
+  // Queries per step: 64, or 128 at D = 64 with B_c = 128 (FlashAttention-3's d64 tile: S^T and dP^T are m64n128,
+  // twice the tensor work per step's fixed costs). There each thread's 32 query columns of lse and D come by
+  // shuffles (bwd_load_cols_shuffled), dV is issued after dS (P^T, dP^T and dV, dK are 192 registers), and dQ
+  // splits the queries between the consumers (kDQSplitRows). No variants or packed build.
+  static constexpr int kBlockM = kBlockM_;
+  static_assert(kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64 && kBlockN == 128),
+                "B_r = 64, or 128 at D = 64 with B_c = 128");
+  static constexpr bool kShuffledCols = kBlockM == 128;
   static constexpr bool kWide = false;        // bwd_kernel_sm90 (Sm90BwdWideTraits: bwd_kernel_sm90_wide)
   static constexpr bool kKeySplit = false;    // see Sm90BwdWideTraits
   // The attention variants are a second instantiation, Sm90BwdVariants<traits> (below).
   static constexpr bool kVariants = false;
-  static constexpr bool kSupportsVariants = true;
+  static constexpr bool kSupportsVariants = kBlockM == 64;
   // Packed batches are a third instantiation, Sm90BwdPacked<traits> (below).
   static constexpr bool kPacked = false;
   // The longest-first block order is the build Sm90BwdLpt<traits> (below).
@@ -97,11 +105,13 @@ struct Sm90BwdTraits {
   // its own 64 keys (twice the bytes added, a barrier of its own warpgroup): splitting the columns there
   // (K in 64B-swizzled 32-column blocks) ran at 0.86x cuDNN against 0.87-0.91x (H200, bf16, 1k-16k). D = 96
   // splits the columns for the atomics: 12 red.v2 per thread and step instead of 24 over split keys.
-  static constexpr bool kDQSplitKeys = kHeadDim == 64 || kConsumers == 1;
+  // B_r = 128: consumer c computes dQ for queries 64c .. 64c+63 over all 128 keys (one barrier over 256 threads).
+  static constexpr bool kDQSplitRows = kBlockM == 128;
+  static constexpr bool kDQSplitKeys = (kHeadDim == 64 || kConsumers == 1) && !kDQSplitRows;
   // dK's k16 steps issued before the dS barrier; the rest follow dQ and run under dQ's stores
   // (FlashAttention-3's order; within noise of all of dK first, d128 bf16 on an H100).
   static constexpr int kDKEarlySteps = 2;
-  static constexpr int kDQCols = kDQSplitKeys ? kHeadDim : kHeadDim / 2;  // N of the dQ wgmma
+  static constexpr int kDQCols = kDQSplitKeys || kDQSplitRows ? kHeadDim : kHeadDim / 2;  // N of the dQ wgmma
   // K is dQ's MN-major B operand as well as S^T's K-major A. At D = 96 its blocks are 16 columns in the
   // 32B swizzle (32-byte rows, 256-byte atoms), so that each consumer's 48 dQ columns are three whole
   // blocks: the canonical MN-major layouts have N = 16m in the 32B swizzle but 32m in the 64B one, where
@@ -112,7 +122,6 @@ struct Sm90BwdTraits {
   static constexpr int kKAtomBytes = 8 * kKRowBytes;
   static constexpr int kKBlocks = kHeadDim / kKColBlock;
   static_assert(kDQSplitKeys || kDQCols % kKColBlock == 0, "each consumer's dQ columns are whole K blocks");
-  static constexpr int kBlockM = 64;   // queries per step
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kCtasPerSm = kConsumers == 1 ? 2 : 1;
@@ -124,7 +133,7 @@ struct Sm90BwdTraits {
   static constexpr uint32_t kKVBlock = kBlockN * kRowBytes;
   static constexpr uint32_t kKBlock = kBlockN * kKRowBytes;  // a column block of K
   static constexpr uint32_t kQBlock = kBlockM * kRowBytes;
-  // One 64-key block of dS ([query][key], 128-byte rows, 128B swizzle whatever D): 8 KiB.
+  // One 64-key block of dS ([query][key], 128-byte rows, 128B swizzle whatever D): 8 KiB (16 KiB at B_r = 128).
   static constexpr uint32_t kDSBlock = kBlockM * 64 * 2;
   static constexpr uint32_t kKVTile = kDBlocks * kKVBlock;
   static constexpr uint32_t kQTile = kDBlocks * kQBlock;
@@ -138,7 +147,8 @@ struct Sm90BwdTraits {
   // accumulator (TMA), and the next step's barrier before dQ frees them. D = 96 (48 columns a consumer) keeps
   // red.global.add.
   static constexpr bool kDQBulk = kHeadDim != 96;
-  static constexpr uint32_t kDQBox = kBlockM * 128;  // 64 rows x 32 fp32 columns
+  static constexpr int kDQRows = 64;                 // rows of a consumer's dQ tile
+  static constexpr uint32_t kDQBox = kDQRows * 128;  // 64 rows x 32 fp32 columns
   static constexpr uint32_t kDQConsumerBytes = kDQBulk ? kDQCols / 32 * kDQBox : 0;
   static constexpr uint32_t kDQOff = kDSOff + 2 * kConsumers * kDSBlock;  // consumer c at + c * kDQConsumerBytes
   static constexpr uint32_t kLseOff = kDQOff + kConsumers * kDQConsumerBytes;  // stage s at + s * 256
@@ -228,6 +238,40 @@ __device__ __forceinline__ void bwd_load_cols(float (&cols)[2 * kBlocks], uint32
                  : "r"(addr + (8 * i + 2 * t) * 4));
 }
 
+// The same values held one eighth per lane (B_r = 128: 32 columns a thread would take 32 registers each for lse
+// and D): lane 4g + t loads the pairs of n8 blocks g, g + 8, ... (own[2j], own[2j + 1]: block g + 8j), and
+// bwd_shuffled_col hands block i's pair to the lanes 4g' + t from lane 4 (i % 8) + t.
+template <int kBlocks>
+__device__ __forceinline__ void bwd_load_cols_shuffled(float (&own)[kBlocks / 4], uint32_t addr, int g, int t) {
+  static_assert(kBlocks % 8 == 0, "whole groups of 8 n8 blocks");
+#pragma unroll
+  for (int j = 0; j < kBlocks / 8; ++j)
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                 : "=f"(own[2 * j]), "=f"(own[2 * j + 1])
+                 : "r"(addr + (8 * (g + 8 * j) + 2 * t) * 4));
+}
+
+// Column 8i + 2t + odd's value from the lanes' bwd_load_cols_shuffled (every lane of the warp calls it alike).
+template <int kBlocks>
+__device__ __forceinline__ float bwd_shuffled_col(const float (&own)[kBlocks / 4], int i, int odd, int t) {
+  return __shfl_sync(0xffffffffu, own[2 * (i / 8) + odd], 4 * (i % 8) + t);
+}
+
+// Zeroes the scores of keys past Sk and right of the causal diagonal in an m64 x 8 kBlocks accumulator (rows: keys
+// key_lo, key_lo + 8; columns: queries q_lo + 8i, +1).
+template <int kBlocks>
+__device__ __forceinline__ void bwd_dense_mask(float (&st)[4 * kBlocks], const BwdParams& p, int key_lo, int64_t q_lo) {
+  const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
+#pragma unroll
+  for (int i = 0; i < kBlocks; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key_lo + ((e & 2) ? 8 : 0);
+      const int64_t q = q_lo + 8 * i + (e & 1);
+      if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) st[4 * i + e] = 0.f;
+    }
+}
+
 // P^T = exp2(S^T scale log2(e) - lse_log2) in place on an m64 x 8 kBlocks accumulator of raw scores (rows: keys
 // key_lo, key_lo + 8; columns: queries q_lo + 8i, +1 with lse_log2 lse_cols[2i], [2i + 1]). With need_mask (the
 // tile crosses Sk or, causal, the diagonal: the caller's test, uniform per warp), keys past Sk and right of the
@@ -237,17 +281,21 @@ __device__ __forceinline__ void bwd_dense_probs(float (&st)[4 * kBlocks], const 
                                                 const BwdParams& p, int key_lo, int64_t q_lo, bool need_mask) {
 #pragma unroll
   for (int i = 0; i < 4 * kBlocks; ++i) st[i] = exp2f(st[i] * p.scale_log2 - lse_cols[2 * (i / 4) + (i & 1)]);
-  if (need_mask) {
-    const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
+  if (need_mask) bwd_dense_mask<kBlocks>(st, p, key_lo, q_lo);
+}
+
+// bwd_dense_probs with the lse_log2 of the columns from the lanes' bwd_load_cols_shuffled.
+template <int kBlocks>
+__device__ __forceinline__ void bwd_dense_probs_shuffled(float (&st)[4 * kBlocks], const float (&lse_own)[kBlocks / 4],
+                                                         const BwdParams& p, int key_lo, int64_t q_lo, int t,
+                                                         bool need_mask) {
 #pragma unroll
-    for (int i = 0; i < kBlocks; ++i)
+  for (int i = 0; i < kBlocks; ++i) {
+    const float l0 = bwd_shuffled_col<kBlocks>(lse_own, i, 0, t), l1 = bwd_shuffled_col<kBlocks>(lse_own, i, 1, t);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key_lo + ((e & 2) ? 8 : 0);
-        const int64_t q = q_lo + 8 * i + (e & 1);
-        if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) st[4 * i + e] = 0.f;
-      }
+    for (int e = 0; e < 4; ++e) st[4 * i + e] = exp2f(st[4 * i + e] * p.scale_log2 - ((e & 1) ? l1 : l0));
   }
+  if (need_mask) bwd_dense_mask<kBlocks>(st, p, key_lo, q_lo);
 }
 
 // Whether keys key0 .. key0 + n_keys - 1 against queries from q_first need bwd_dense_probs' mask.
@@ -577,7 +625,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
 
   // -------------------------------------------------------------- consumer
   setmaxnreg_inc<T::kConsumerRegs>();
-  const int c = wg - 1;  // keys 64c .. 64c+63 of the tile
+  const int c = T::kConsumers == 1 ? 0 : wg - 1;  // keys 64c .. 64c+63 of the tile (one consumer: a constant)
   const int ctid = tid - 128 * wg;
   const int warp = ctid / 32, lane = ctid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -643,12 +691,23 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     // P^T while dP^T runs. Columns (queries) of n8 block i: q0 + 8i + 2t (+1); their lse_log2 are read
     // while the wgmmas run (a read after the wait stalled on the shared memory the wgmmas load).
     const uint32_t sLse = base + T::kLseOff + s * kBM * 4, sDsum = base + T::kDsumOff + s * kBM * 4;
-    [[maybe_unused]] float lse_cols[kBM / 4];
-    if constexpr (!T::kVariants) bwd_load_cols<kBM / 8>(lse_cols, sLse, t);
+    // T::kShuffledCols (B_r = 128): an eighth of the columns' lse and D per lane, the rest
+    // by shuffles.
+    [[maybe_unused]] float lse_cols[T::kShuffledCols ? 1 : kBM / 4];
+    [[maybe_unused]] float lse_own[kBM / 32], dsum_own[kBM / 32];
+    if constexpr (T::kShuffledCols) {
+      if constexpr (!T::kVariants) bwd_load_cols_shuffled<kBM / 8>(lse_own, sLse, g, t);  // variants: read by P's pass
+      bwd_load_cols_shuffled<kBM / 8>(dsum_own, sDsum, g, t);
+    } else if constexpr (!T::kVariants) {
+      bwd_load_cols<kBM / 8>(lse_cols, sLse, t);
+    }
     wgmma_wait<1>();
     fence_regs(st);
     uint32_t pa[kBM / 16][4], da[kBM / 16][4];
-    if constexpr (!T::kVariants) {
+    if constexpr (T::kShuffledCols && !T::kVariants) {
+      bwd_dense_probs_shuffled<kBM / 8>(st, lse_own, p, key_lo, int64_t(q0) + 2 * t, t,
+                                         bwd_dense_need_mask(p, key0, kBN, q0));
+    } else if constexpr (!T::kVariants) {
       bwd_dense_probs<kBM / 8>(st, lse_cols, p, key_lo, int64_t(q0) + 2 * t, bwd_dense_need_mask(p, key0, kBN, q0));
       // st holds P^T from here on.
     } else {
@@ -672,33 +731,63 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
       const int idx = 4 * (2 * j + r / 2) + 2 * (r % 2);
       return pack2<T::kBf16>(acc[idx], acc[idx + 1]);
     };
-    if constexpr (!T::kVariants) {
+    const uint64_t desc_q_mnmajor = bwd_tile_desc<T::kRowBytes>(sQ, T::kQBlock);
+    auto gemm_dv = [&] {
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < kBM / 16; ++j)
+        wgmma_rs<T::kBf16, kD, 1>(acc_dv, pa[j], desc_advance(desc_q_mnmajor, kDOFromQ + j * 2 * T::kAtomBytes), 1);
+      wgmma_commit();
+    };
+    if constexpr (T::kShuffledCols) {
+      // T::kShuffledCols: dS^T from P^T and dP^T first, then both packed and dV issued (P^T, dP^T, pa and dV, dK
+      // together would not fit the registers).
+      wgmma_wait<0>();  // dP^T done
+      fence_regs(dpt);
+      // Per k16 step j (n8 blocks 2j, 2j + 1): dS^T, then both fragments packed, so that each 16 columns of
+      // P^T and dP^T die as their 16-bit fragments are made.
+#pragma unroll
+      for (int j = 0; j < kBM / 16; ++j) {
+#pragma unroll
+        for (int i = 2 * j; i < 2 * j + 2; ++i) {
+          const float d0 = bwd_shuffled_col<kBM / 8>(dsum_own, i, 0, t);
+          const float d1 = bwd_shuffled_col<kBM / 8>(dsum_own, i, 1, t);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? d1 : d0));
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          if constexpr (!T::kVariants) pa[j][r] = fragment(st, j, r);  // variants: bwd_variant_probs made pa
+          da[j][r] = fragment(dpt, j, r);
+        }
+      }
+      gemm_dv();
+    } else {
+      if constexpr (!T::kVariants) {
+#pragma unroll
+        for (int j = 0; j < kBM / 16; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) pa[j][r] = fragment(st, j, r);
+      }
+      gemm_dv();
+
+      wgmma_wait<1>();  // dP^T done (dV may still run)
+      fence_regs(dpt);
+      // dS^T = P^T (dP^T - D), then dK += dS^T Q.
+#pragma unroll
+      for (int i = 0; i < kBM / 8; ++i) {
+        float d0, d1;
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(d0), "=f"(d1) : "r"(sDsum + (8 * i + 2 * t) * 4));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? d1 : d0));
+      }
+    }
+    if constexpr (!T::kShuffledCols) {
 #pragma unroll
       for (int j = 0; j < kBM / 16; ++j)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) pa[j][r] = fragment(st, j, r);
+        for (int r = 0; r < 4; ++r) da[j][r] = fragment(dpt, j, r);
     }
-    const uint64_t desc_q_mnmajor = bwd_tile_desc<T::kRowBytes>(sQ, T::kQBlock);
-    wgmma_fence();
-#pragma unroll
-    for (int j = 0; j < kBM / 16; ++j)
-      wgmma_rs<T::kBf16, kD, 1>(acc_dv, pa[j], desc_advance(desc_q_mnmajor, kDOFromQ + j * 2 * T::kAtomBytes), 1);
-    wgmma_commit();
-
-    wgmma_wait<1>();  // dP^T done (dV may still run)
-    fence_regs(dpt);
-    // dS^T = P^T (dP^T - D), then dK += dS^T Q.
-#pragma unroll
-    for (int i = 0; i < kBM / 8; ++i) {
-      float d0, d1;
-      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(d0), "=f"(d1) : "r"(sDsum + (8 * i + 2 * t) * 4));
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? d1 : d0));
-    }
-#pragma unroll
-    for (int j = 0; j < kBM / 16; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) da[j][r] = fragment(dpt, j, r);
     // dK += dS^T Q in two parts: k steps 0 .. kDKEarlySteps - 1 run under the dS stores and the barrier,
     // the rest after dQ, under dQ's stores (see Sm90BwdTraits::kDKEarlySteps).
     auto gemm_dk = [&](int j0, int j1) {
@@ -734,7 +823,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
       // (bwd_params.h): the columns past the head dimension are padding and receive adds of 0 (K's
       // columns there are 0). At D = 64 and 128 they are added unpredicated: a column test there spilled
       // 16 bytes at d128 (168 registers, ptxas -v, sm_90a).
-      const int dq_col0 = T::kDQSplitKeys ? 0 : T::kDQCols * c;
+      const int dq_col0 = T::kDQSplitKeys || T::kDQSplitRows ? 0 : T::kDQCols * c;
+      const int dq_row0 = q0 + (T::kDQSplitRows ? T::kDQRows * c : 0);  // the tile's first query
       if constexpr (T::kDQBulk) {
         // Whole 64-row boxes: rows past Sq (dense) or used_q (packed) add dS = 0 exactly (Q, dO rows zero-filled
         // or zeroed, lse_log2 = +inf and D = 0 there) to the padding rows of the workspace (within
@@ -760,7 +850,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
         if (c == 0) named_bar_sync<4, 128>();
         else named_bar_sync<5, 128>();
         if (ctid == 0) {
-          const int ws_row = int(bwd_ws_row<T>(p, b, hq, seq.q_start) + q0);
+          const int ws_row = int(bwd_ws_row<T>(p, b, hq, seq.q_start) + dq_row0);
           const uint32_t boxes = base + T::kDQOff + c * T::kDQConsumerBytes;
 #pragma unroll
           for (int box = 0; box < T::kDQCols / 32; ++box)
@@ -768,11 +858,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
           tma_store_commit();
         }
       } else {
-        float* gacc = p.dq_accum + (bwd_ws_row<T>(p, b, hq, seq.q_start) + q0) * kD + dq_col0;
+        float* gacc = p.dq_accum + (bwd_ws_row<T>(p, b, hq, seq.q_start) + dq_row0) * kD + dq_col0;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = 16 * warp + g + 8 * h;
-          if (T::kPacked || q0 + row < p.seqlen_q) {  // packed: rows past used_q add exact zeros (see below)
+          if (T::kPacked || dq_row0 + row < p.seqlen_q) {  // packed: rows past used_q add exact zeros (see below)
 #pragma unroll
             for (int i = 0; i < T::kDQCols / 8; ++i) {
               // D = 96: the n8 blocks at or past the head dimension hold zeros and are not added (one uniform
@@ -785,7 +875,18 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
       }
     };
     float dq[T::kDQCols / 2];
-    if constexpr (!T::kDQSplitKeys) {
+    if constexpr (T::kDQSplitRows) {
+      named_bar_sync<1, 256>();  // both key blocks of dS written
+      // dQ[64c .. 64c+63, :] = dS[64c .. 64c+63, :] K: A = query rows 64c .. of dS (K-major over the 128 keys, key
+      // blocks kDSBlock apart), B = K (MN-major: 16 key rows per k step, one 64-column block).
+      const uint64_t desc_ds = make_desc_sw128(sDS + T::kDQRows * c * 128, 16, 1024);
+      const uint64_t desc_k = make_desc_sw128(sK, T::kKBlock, 1024);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kBN / 16; ++k)
+        wgmma_ss<T::kBf16, T::kDQCols, 1>(dq, desc_advance(desc_ds, (k / 4) * T::kDSBlock + (k % 4) * 32),
+                                          desc_advance(desc_k, k * 16 * 128), k > 0);
+    } else if constexpr (!T::kDQSplitKeys) {
       static_assert(T::kConsumers == 2, "the column split takes both consumers' dS");
       named_bar_sync<1, 256>();  // both key blocks of dS written
       // dQ[:, n0 .. n0 + D/2 - 1] = dS K[:, n0 ..], n0 = c D/2: A = dS (K-major over the 128 keys, key
@@ -809,7 +910,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        wgmma_ss<T::kBf16, 64, 1>(dq, desc_advance(desc_ds, k * 32), desc_advance(desc_k, 16 * k * 128), k > 0);
+        wgmma_ss<T::kBf16, T::kDQCols, 1>(dq, desc_advance(desc_ds, k * 32), desc_advance(desc_k, 16 * k * 128), k > 0);
     }
     wgmma_commit();
     gemm_dk(T::kDKEarlySteps, kBM / 16);

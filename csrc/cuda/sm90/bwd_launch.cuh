@@ -33,7 +33,12 @@ cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUt
     else return bwd_kernel_sm90<K>;
   }();
   static std::atomic<unsigned long long> configured{0};
-  const cudaError_t err = set_kernel_smem_once(configured, kernel, K::kSmemBytes);
+  // One consumer (B_c = 64 narrow) is sized for two CTAs per SM: ask for the largest shared-memory carveout.
+  const bool two_ctas = [] {
+    if constexpr (K::kWide) return false;
+    else return K::kCtasPerSm > 1;
+  }();
+  const cudaError_t err = set_kernel_smem_once(configured, kernel, K::kSmemBytes, two_ctas);
   if (err != cudaSuccess) return err;
   const dim3 grid((p.seqlen_k + K::kBlockN - 1) / K::kBlockN, p.heads_k, p.batch);
   if constexpr (K::kWide) kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, tdo, p);
@@ -49,7 +54,7 @@ cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUt
 template <class T>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   // The aux kernels read only the head dimension and dtype of their config.
-  using Aux = BwdConfig<T::kBf16 ? DType::kBf16 : DType::kFp16, T::kHeadDim, T::kWide ? 64 : 128, T::kBlockM, 8>;
+  using Aux = BwdConfig<T::kBf16 ? DType::kBf16 : DType::kFp16, T::kHeadDim, T::kWide ? 64 : 128, 64, 8>;
   if (p.deterministic || !sm80::bwd::bwd_params_ok<Aux>(p)) return cudaErrorInvalidValue;  // incl. headdim
   const bool variants = bwd_variants_requested(p.variants);
   const bool packed = p.packed.packed();
@@ -70,10 +75,12 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     err = encode_bshd(&tv, T::kBf16, p.v, maps_batch, rows_k, p.heads_k, p.headdim, p.v_batch_stride,
                       p.v_row_stride, p.v_head_stride, T::kBlockN, T::kColBlock);
   CUtensorMap tdq{};
-  if (err == cudaSuccess && !T::kWide)
-    err = encode_rows_f32(&tdq, p.dq_accum,
-                          bwd_ws_rows(int(p.batch), int(p.heads_q), p.seqlen_q_rounded, packed ? p.packed.total_q : -1),
-                          T::kHeadDim, T::kBlockM);
+  if constexpr (!T::kWide) {
+    if (err == cudaSuccess)
+      err = encode_rows_f32(&tdq, p.dq_accum,
+                            bwd_ws_rows(int(p.batch), int(p.heads_q), p.seqlen_q_rounded, packed ? p.packed.total_q : -1),
+                            T::kHeadDim, T::kDQRows);
+  }
   if (err != cudaSuccess) return err;
 
   const sm80::bwd::BwdGrids g = sm80::bwd::bwd_grids<Aux>(p);
