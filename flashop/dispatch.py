@@ -240,6 +240,10 @@ HOPPER_BACKWARD_HEADDIMS = (64, 96, 128, 160, 192, 224, 256)
 # two CTAs per SM: one CTA's K/V loads and dK/dV stores run under the other's steps) instead of B_c = 128:
 # d64 1k 1.08x (causal 1.15x), from 8k 0.95-0.97x with each key tile loading its own Q and dO (H200).
 HOPPER_BACKWARD_BC64_BELOW = {64: (2048, 8192)}
+# Seqlen_k (non-causal, causal) from which dense problems run the wgmma backward's B_r = 128 build (128 queries a
+# step: twice the tensor work per step's fixed costs) ahead of both: d64 1.01x the best B_r = 64 build at 1k,
+# 1.05-1.10x from 2k, causal 1.06-1.10x from 8k where B_c = 64 leads below (H200, bf16 and fp16).
+HOPPER_BACKWARD_BR128_FROM = {64: (1024, 8192)}
 
 
 def mma_sync_backward_config(q: torch.Tensor, k: torch.Tensor, causal: bool, variants: bool = False,
@@ -377,7 +381,13 @@ def _choose(device: DeviceInfo, problem: Problem, pool: list, tuned: dict | None
         hopper_bwd = [c for c in pool if isinstance(c, HopperBackwardConfig)]
         mma_sync_width = min((c.headdim for c in pool if not isinstance(c, HopperBackwardConfig)), default=1 << 30)
         if hopper_bwd and hopper_bwd[0].headdim in HOPPER_BACKWARD_HEADDIMS and hopper_bwd[0].headdim <= mma_sync_width:
-            below = HOPPER_BACKWARD_BC64_BELOW.get(hopper_bwd[0].headdim, (0, 0))[problem.causal]
+            width = hopper_bwd[0].headdim
+            tall = [c for c in hopper_bwd if c.block_m == 128]  # built for dense problems only
+            start = HOPPER_BACKWARD_BR128_FROM.get(width, (1 << 62, 1 << 62))[problem.causal]
+            if problem.seqlen_k >= start and tall:
+                return tall[0].name, (f"backward on compute capability 9.0, seqlen_k {problem.seqlen_k} >= {start}: "
+                                      "the wgmma kernel with 128 queries a step")
+            below = HOPPER_BACKWARD_BC64_BELOW.get(width, (0, 0))[problem.causal]
             short = [c for c in hopper_bwd if c.block_n == 64 and not c.longest_first]
             if problem.seqlen_k < below and short:
                 return short[0].name, (f"backward on compute capability 9.0, seqlen_k {problem.seqlen_k} < {below}: "

@@ -244,7 +244,7 @@ def test_backward_policy_returns_a_built_config_that_fits(device):
         if device.capability == (9, 0) and hopper:
             narrowest = min(hopper, key=lambda c: c.headdim)
             if narrowest.headdim in dispatch.HOPPER_BACKWARD_HEADDIMS and narrowest.headdim <= width:
-                # The wgmma kernel of that width (which build: test_backward_d64_short_problems_take_two_ctas_per_sm).
+                # The wgmma kernel of that width (which build: test_backward_d64_policy_by_seqlen).
                 assert name.startswith("sm90.bwd.") and dispatch.parse_config(name).headdim == narrowest.headdim, name
                 continue
         assert name == fitting[0].name  # the first listed mma.sync config that fits
@@ -256,28 +256,36 @@ def test_backward_wgmma_kernel_only_on_compute_capability_9_0():
     assert dispatch.choose_config(DEVICES["H100"], problem, ALL_BUILT_BACKWARD)[0] == "sm90.bwd.bf16.d128.br64.bc128"
     assert dispatch.choose_config(DEVICES["A100"], problem, ALL_BUILT_BACKWARD)[0].startswith("bwd.")
     d64 = dataclasses.replace(problem, headdim=64, seqlen_q=16384, seqlen_k=16384)
-    assert dispatch.choose_config(DEVICES["H100"], d64, ALL_BUILT_BACKWARD)[0] == "sm90.bwd.bf16.d64.br64.bc128"
+    assert dispatch.choose_config(DEVICES["H100"], d64, ALL_BUILT_BACKWARD)[0] == "sm90.bwd.bf16.d64.br128.bc128"
     # A problem a narrower mma.sync tile holds keeps it: the wgmma kernel's narrowest width is 64.
     d32 = dataclasses.replace(problem, headdim=32)
     assert dispatch.choose_config(DEVICES["H100"], d32, ALL_BUILT_BACKWARD)[0].startswith("bwd.bf16.d32.")
 
 
-def test_backward_d64_short_problems_take_two_ctas_per_sm():
-    """d64 below HOPPER_BACKWARD_BC64_BELOW (non-causal, causal) runs the B_c = 64 build, windows and packed
-    batches too (it has both); from there on, and at other widths, B_c = 128 stays."""
+def test_backward_d64_policy_by_seqlen():
+    """d64 dense problems from HOPPER_BACKWARD_BR128_FROM (non-causal, causal) run the B_r = 128 build; below it,
+    and for windows and packed batches (which B_r = 128 is built without), the B_c = 64 build below
+    HOPPER_BACKWARD_BC64_BELOW and B_c = 128 from there. Without a build the next rule applies; other widths keep
+    B_c = 128."""
     h100 = DEVICES["H100"]
-    non_causal_below, causal_below = dispatch.HOPPER_BACKWARD_BC64_BELOW[64]
     for dtype in ("bf16", "fp16"):
         short, default = f"sm90.bwd.{dtype}.d64.br64.bc64", f"sm90.bwd.{dtype}.d64.br64.bc128"
-        for causal, below in ((False, non_causal_below), (True, causal_below)):
-            for seqlen, expected in ((below // 2, short), (below - 1, short), (below, default), (4 * below, default)):
+        tall = f"sm90.bwd.{dtype}.d64.br128.bc128"
+        for causal in (False, True):
+            below = dispatch.HOPPER_BACKWARD_BC64_BELOW[64][causal]
+            start = dispatch.HOPPER_BACKWARD_BR128_FROM[64][causal]
+            assert start <= below, "the B_r = 128 build takes over from B_c = 64 for dense problems"
+            for seqlen in sorted({start // 2, start - 1, start, below - 1, below, 4 * below}):
                 problem = dispatch.Problem(dtype, 64, seqlen, seqlen, 16, causal, "backward")
-                for p in (problem, dataclasses.replace(problem, variants=True), dataclasses.replace(problem, packed=True)):
-                    assert dispatch.choose_config(h100, p, ALL_BUILT_BACKWARD)[0] == expected, (p, expected)
-        # Without the B_c = 64 build the short problems keep the default.
-        built = [n for n in ALL_BUILT_BACKWARD if n != short]
-        problem = dispatch.Problem(dtype, 64, 1024, 1024, 16, True, "backward")
-        assert dispatch.choose_config(h100, problem, built)[0] == default
+                short_or_default = short if seqlen < below else default
+                expected = tall if seqlen >= start else short_or_default
+                assert dispatch.choose_config(h100, problem, ALL_BUILT_BACKWARD)[0] == expected, (problem, expected)
+                for p in (dataclasses.replace(problem, variants=True), dataclasses.replace(problem, packed=True)):
+                    assert dispatch.choose_config(h100, p, ALL_BUILT_BACKWARD)[0] == short_or_default, p
+                without_tall = [n for n in ALL_BUILT_BACKWARD if n != tall]
+                assert dispatch.choose_config(h100, problem, without_tall)[0] == short_or_default, problem
+                without_either = [n for n in without_tall if n != short]
+                assert dispatch.choose_config(h100, problem, without_either)[0] == default, problem
     d128 = dispatch.Problem("bf16", 128, 1024, 1024, 16, True, "backward")
     assert dispatch.choose_config(h100, d128, ALL_BUILT_BACKWARD)[0] == "sm90.bwd.bf16.d128.br64.bc128"
 
@@ -351,6 +359,7 @@ def test_variant_problems_get_configs_built_with_the_variants(direction, monkeyp
         assert refusing, "the B_c = 192 one-tile Hopper forward kernels are built without the variants"
     monkeypatch.setattr(dispatch, "_built", lambda _direction: built)
     for name in refusing:
+        width = dispatch.dtype_and_headdim(name)[1]
         with pytest.raises(RuntimeError, match=f"'{name}' is built without the attention variants"):
-            dispatch.check_config(name, torch.device("cuda"), torch.bfloat16, 128, direction, variants=True)
-        dispatch.check_config(name, torch.device("cuda"), torch.bfloat16, 128, direction)  # dense: fine
+            dispatch.check_config(name, torch.device("cuda"), torch.bfloat16, width, direction, variants=True)
+        dispatch.check_config(name, torch.device("cuda"), torch.bfloat16, width, direction)  # dense: fine
