@@ -8,7 +8,7 @@ op). Also checks values, so a run that reads garbage fails.
 Arguments are fnmatch patterns over config names (default: every built bf16 config); "decode" adds the split-KV
 decode kernels' cases; --variants-only keeps only the attention-variant cases (windows, softcap, ALiBi, sinks),
 forward and backward, and --few-shapes only the shapes of a few tiles (FEW_SHAPES), each for a tool as slow as
-racecheck.
+racecheck, printing each case as it starts (a run stopped by a timeout shows where it was).
 """
 import fnmatch
 import sys
@@ -116,6 +116,8 @@ def main(patterns, variants_only=False, few_shapes=False):
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_code]
         for headdim, (b, sq, sk, hq, hk) in cases(width, few_shapes):
             for causal in (False, True):
+                if few_shapes:
+                    print(f"case {name} d{headdim} {(b, sq, sk, hq, hk)} causal={causal}", flush=True)
                 q = torch.randn(b, sq, hq, headdim, device="cuda", dtype=dtype)
                 k, v = (torch.randn(b, sk, hk, headdim, device="cuda", dtype=dtype) for _ in range(2))
                 out, lse = torch.ops.flashop.forward(q, k, v, None, causal, name)
@@ -169,6 +171,8 @@ def main(patterns, variants_only=False, few_shapes=False):
         for headdim, (b, sq, sk, hq, hk) in [] if variants_only else cases(width, few_shapes):
             # The wgmma backward (sm90.bwd.*) has no deterministic mode.
             for causal, deterministic in ((False, False), (True, not name.startswith("sm90.bwd."))):
+                if few_shapes:
+                    print(f"case {name} d{headdim} {(b, sq, sk, hq, hk)} causal={causal}", flush=True)
                 q = torch.randn(b, sq, hq, headdim, device="cuda", dtype=dtype)
                 k, v = (torch.randn(b, sk, hk, headdim, device="cuda", dtype=dtype) for _ in range(2))
                 out, lse = torch.ops.flashop.forward(q, k, v, None, causal)
