@@ -699,7 +699,8 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 
 # ---------------------------------------------------------------- Hopper backward kernels (flashop._C_sm90)
 #
-# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.lpt], sm90.bwd.<dtype>.d64.br64.bc64, sm90.bwd.<dtype>.d64.br128.bc128,
+# Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.lpt], sm90.bwd.<dtype>.d64.br64.bc64,
+# sm90.bwd.<dtype>.d64.br128.bc128,
 # sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64[.rs][.lpt] and sm90.bwd.<dtype>.d192.br64.bc96[.lpt].
 # FlashAttention-2's backward on wgmma + TMA: one producer and two consumer warpgroups per key tile of 128 rows
 # (csrc/cuda/sm90/bwd_kernel.cuh), of 64 rows at the wide widths (Sm90BwdWideTraits: the consumers split
@@ -796,13 +797,13 @@ class HopperBackwardConfig:
 
     def smem_bytes(self) -> int:
         """Sm90BwdTraits::kSmemBytes: K and V tiles, 2 stages of Q and dO, 2 dS buffers (B_r x B_c), at D = 64
-        and 128 the B_c / 64 consumers' fp32 dQ tiles (B_r x D / 2 each, B_r x D at D = 64), 2 stages of lse and D
+        and 128 the B_c / 64 consumers' fp32 dQ tiles (64 rows x D / 2 each, 64 x D at D = 64), 2 stages of lse and D
         (B_r floats each), 5 mbarriers and 1024 bytes of alignment slack. The column blocks (64, 32 or 16
         columns) tile D exactly, with no padding. Sm90BwdWideTraits::kSmemBytes: the same with 2 buffers each
         of P and dS and no dQ tiles."""
         d, n, m = self.headdim, self.block_n, self.block_m
         score_buffers = 4 if self.wide else 2
-        dq_tiles = 0 if self.wide or d == 96 else 4 * (n // 64) * 64 * (d if d == 64 else d // 2)  # 64-row tiles
+        dq_tiles = 0 if self.wide or d == 96 else 4 * (n // 64) * 64 * (d if d == 64 else d // 2)
         return (ELEMENT_BYTES * (2 * n * d + 2 * 2 * m * d + score_buffers * m * n) + dq_tiles + 2 * 2 * m * 4
                 + 8 * 5 + 1024)
 

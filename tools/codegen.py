@@ -150,8 +150,8 @@ def _sm90_fwd_entry(cfg) -> str:
 # ---------------------------------------------------------------- Hopper backward (flashop._C_sm90)
 
 def _sm90_bwd_type(cfg) -> str:
-    """Sm90BwdTraits<kBf16, D[, B_c[, B_r]]> (csrc/cuda/sm90/bwd_kernel.cuh; B_c = 128 or 64, B_r = 64 or 128), at the wide
-    widths Sm90BwdWideTraits<kBf16, D[, 96]> (B_c = 64 or 96, B_r = 64); "rs" wraps them in Sm90BwdRoleSplit<...>,
+    """Sm90BwdTraits<kBf16, D[, B_c[, B_r]]> (csrc/cuda/sm90/bwd_kernel.cuh; B_c = 128 or 64, B_r = 64 or 128), at
+    the wide widths Sm90BwdWideTraits<kBf16, D[, 96]> (B_c = 64 or 96, B_r = 64); "rs" wraps them in Sm90BwdRoleSplit<...>,
     "lpt" in Sm90BwdLpt<...> (the plain builds' types, and so their kernels' symbols, stay as they are)."""
     traits = "Sm90BwdWideTraits" if cfg.wide else "Sm90BwdTraits"
     # The traits' default B_c (64 wide, 128 narrow) keeps the two-argument spelling; another is the third argument,
