@@ -713,8 +713,8 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 # 128>, FlashAttention-3's d64 tile): 128 queries a step, lse and D by shuffles; dense problems only.
 # "lpt" (Sm90BwdLpt, csrc/cuda/sm90/bwd_lpt.h): causal problems take the blocks longest first, key-tile
 # major within groups of (batch, kv head) pairs (the mma.sync "lpt" grouping); other problems the plain
-# order. Built at _HOPPER_BACKWARD_LPT_WIDTHS, listed after the plain builds: a tuner candidate, never the
-# policy's default (dispatch._choose takes the first listed Hopper backward config).
+# order. Built at _HOPPER_BACKWARD_LPT_WIDTHS, listed after the plain builds: a tuner candidate, and the policy's
+# pick for long causal problems where dispatch.HOPPER_BACKWARD_LPT_FROM lists the width.
 # "rs" (Sm90BwdRoleSplit, wide widths): one consumer computes S^T, P^T and dV, the other dP^T, dS and dK, each
 # accumulating all D columns from registers (about a sixth less shared-memory traffic a step at d256); dense
 # problems only (no variants or packed build): listed first at _HOPPER_BACKWARD_RS_WIDTHS, so that dense problems

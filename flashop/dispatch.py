@@ -244,6 +244,10 @@ HOPPER_BACKWARD_BC64_BELOW = {64: (2048, 8192)}
 # step: twice the tensor work per step's fixed costs) ahead of both: d64 1.01x the best B_r = 64 build at 1k,
 # 1.05-1.10x from 2k, causal 1.06-1.10x from 8k where B_c = 64 leads below (H200, bf16 and fp16).
 HOPPER_BACKWARD_BR128_FROM = {64: (1024, 8192)}
+# Seqlen_k from which causal problems run the wgmma backward's longest-first build (".lpt": the longest key tiles
+# start first, the short ones fill the last wave): d128 1.00-1.03x the plain build at 4k, 1.01-1.04x at 8k and 16k,
+# 0.96-0.99x at 2k (H200, bf16 and fp16, two tuner runs).
+HOPPER_BACKWARD_LPT_FROM = {128: 4096}
 
 
 def mma_sync_backward_config(q: torch.Tensor, k: torch.Tensor, causal: bool, variants: bool = False,
@@ -392,6 +396,11 @@ def _choose(device: DeviceInfo, problem: Problem, pool: list, tuned: dict | None
             if problem.seqlen_k < below and short:
                 return short[0].name, (f"backward on compute capability 9.0, seqlen_k {problem.seqlen_k} < {below}: "
                                        "the wgmma kernel at two CTAs per SM")
+            lpt = [c for c in hopper_bwd if c.longest_first and c.name == hopper_bwd[0].name + ".lpt"]
+            lpt_from = HOPPER_BACKWARD_LPT_FROM.get(width, 1 << 62)
+            if problem.causal and problem.seqlen_k >= lpt_from and lpt:
+                return lpt[0].name, (f"backward on compute capability 9.0, causal, seqlen_k {problem.seqlen_k} >= "
+                                     f"{lpt_from}: the wgmma kernel, longest key tiles first")
             return hopper_bwd[0].name, "backward default on compute capability 9.0: the wgmma kernel"
         # Backward configs are listed best first per headdim (flashop/configs.py, BACKWARD_CONFIGS).
         pool = [c for c in pool if not isinstance(c, HopperBackwardConfig)] or pool

@@ -252,7 +252,7 @@ def test_backward_policy_returns_a_built_config_that_fits(device):
 
 
 def test_backward_wgmma_kernel_only_on_compute_capability_9_0():
-    problem = dispatch.Problem("bf16", 128, 4096, 4096, 16, True, "backward")
+    problem = dispatch.Problem("bf16", 128, 4096, 4096, 16, False, "backward")
     assert dispatch.choose_config(DEVICES["H100"], problem, ALL_BUILT_BACKWARD)[0] == "sm90.bwd.bf16.d128.br64.bc128"
     assert dispatch.choose_config(DEVICES["A100"], problem, ALL_BUILT_BACKWARD)[0].startswith("bwd.")
     d64 = dataclasses.replace(problem, headdim=64, seqlen_q=16384, seqlen_k=16384)
@@ -290,9 +290,32 @@ def test_backward_d64_policy_by_seqlen():
     assert dispatch.choose_config(h100, d128, ALL_BUILT_BACKWARD)[0] == "sm90.bwd.bf16.d128.br64.bc128"
 
 
+def test_backward_causal_long_problems_take_the_lpt_build():
+    """Causal problems from HOPPER_BACKWARD_LPT_FROM run the width's ".lpt" build (dense, variants and packed alike:
+    it has both); below it, non-causal problems and widths not listed keep the plain build, as does a tree without
+    the lpt build."""
+    h100 = DEVICES["H100"]
+    for width, start in dispatch.HOPPER_BACKWARD_LPT_FROM.items():
+        for dtype in ("bf16", "fp16"):
+            plain = f"sm90.bwd.{dtype}.d{width}.br64.bc128"
+            for seqlen, causal, expected in ((start, True, plain + ".lpt"), (4 * start, True, plain + ".lpt"),
+                                             (start - 1, True, plain), (start, False, plain)):
+                problem = dispatch.Problem(dtype, width, seqlen, seqlen, 16, causal, "backward")
+                for p in (problem, dataclasses.replace(problem, variants=True), dataclasses.replace(problem, packed=True)):
+                    assert dispatch.choose_config(h100, p, ALL_BUILT_BACKWARD)[0] == expected, (p, expected)
+            problem = dispatch.Problem(dtype, width, 4 * start, 4 * start, 16, True, "backward")
+            without = [n for n in ALL_BUILT_BACKWARD if not n.endswith(".lpt")]
+            assert dispatch.choose_config(h100, problem, without)[0] == plain
+    for width in (160, 192, 224, 256):
+        assert width not in dispatch.HOPPER_BACKWARD_LPT_FROM
+        problem = dispatch.Problem("bf16", width, 16384, 16384, 16, True, "backward")
+        assert not dispatch.choose_config(h100, problem, ALL_BUILT_BACKWARD)[0].endswith(".lpt")
+
+
 def test_backward_lpt_builds_are_causal_tuner_candidates_not_defaults():
     """The Hopper backward ".lpt" builds are candidates (what flashop.tune times) for causal problems at their
-    widths, not for the others (where they run the plain order); the policy's pick stays the plain build."""
+    widths, not for the others (where they run the plain order); at 2k (below HOPPER_BACKWARD_LPT_FROM) the
+    policy's pick stays the plain build."""
     h100 = DEVICES["H100"]
     for width in (128, 160, 192, 224, 256):
         for dtype in ("bf16", "fp16"):
@@ -302,7 +325,7 @@ def test_backward_lpt_builds_are_causal_tuner_candidates_not_defaults():
                          if c.dtype == dtype and c.headdim == width and not c.longest_first and c.block_n != 96
                          and not c.role_split)
             for causal in (True, False):
-                problem = dispatch.Problem(dtype, width, 4096, 4096, 16, causal, "backward")
+                problem = dispatch.Problem(dtype, width, 2048, 2048, 16, causal, "backward")
                 names = [c.name for c in dispatch.candidates(h100, problem, ALL_BUILT_BACKWARD)]
                 assert (plain + ".lpt" in names) == causal and plain in names and default in names
                 assert dispatch.choose_config(h100, problem, ALL_BUILT_BACKWARD)[0] == default
