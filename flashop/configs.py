@@ -701,12 +701,14 @@ HOPPER_FORWARD_CONFIGS = tuple(HopperConfig.parse(f"sm90.{dtype}.{shape}")
 #
 # Names: sm90.bwd.<dtype>.d<64|96|128>.br64.bc128[.lpt], sm90.bwd.<dtype>.d64.br64.bc64,
 # sm90.bwd.<dtype>.d64.br128.bc128,
-# sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64[.rs][.lpt] and sm90.bwd.<dtype>.d192.br64.bc96[.lpt].
+# sm90.bwd.<dtype>.d<160|192|224|256>.br64.bc64[.rs][.lpt], sm90.bwd.<dtype>.d192.br64.bc96[.lpt] and
+# sm90.bwd.<dtype>.d256.br64.bc80.
 # FlashAttention-2's backward on wgmma + TMA: one producer and two consumer warpgroups per key tile of 128 rows
 # (csrc/cuda/sm90/bwd_kernel.cuh), of 64 rows at the wide widths (Sm90BwdWideTraits: the consumers split
 # dK, dV and dQ by columns, whose accumulators at 128 keys would not fit 240 registers; at B_c = 96,
 # bwd_kernel_sm90_wide_keys, the consumers split the keys and compute dK^T, dV^T: a third fewer dQ atomics
-# and Q/dO reloads per key, built without the attention variants). Not
+# and Q/dO reloads per key, built without the attention variants; at B_c = 80, bwd_kernel_sm90_wide_kv_transposed,
+# FlashAttention-3's d256 tile, they compute dK^T, dV^T and split D, with one dO stage). Not
 # deterministic (dQ atomics): deterministic=True runs an mma.sync backward config instead.
 # d64 with B_c = 64 (Sm90BwdTraits<kBf16, 64, 64>): one consumer warpgroup per CTA and two CTAs per SM, so that
 # one CTA's K/V loads and dK/dV stores run under the other's steps. d64 with B_r = 128 (Sm90BwdTraits<kBf16, 64, 128,
@@ -729,6 +731,9 @@ HOPPER_BACKWARD_WIDTHS = (64, 96, 128)
 HOPPER_BACKWARD_WIDE_WIDTHS = (160, 192, 224, 256)
 # The wide widths also built with B_c = 96 (Sm90BwdWideTraits<kBf16, D, 96>), the policy's default there.
 HOPPER_BACKWARD_BC96_WIDTHS = (192,)
+# The wide widths also built with B_c = 80 (Sm90BwdWideTraits<kBf16, D, 80>), the policy's default there for dense
+# problems.
+HOPPER_BACKWARD_BC80_WIDTHS = (256,)
 # The narrow widths also built with B_c = 64 (Sm90BwdTraits<kBf16, D, 64>: one consumer, two CTAs per SM).
 HOPPER_BACKWARD_BC64_WIDTHS = (64,)
 # The narrow widths also built with B_r = 128 (Sm90BwdTraits<kBf16, D, 128, 128>).
@@ -759,13 +764,15 @@ class HopperBackwardConfig:
         narrow_br128 = self.headdim in HOPPER_BACKWARD_BR128_WIDTHS and (self.block_n, self.block_m) == (128, 128)
         wide = self.headdim in HOPPER_BACKWARD_WIDE_WIDTHS and (self.block_n, self.block_m) == (64, 64)
         keys = self.headdim in HOPPER_BACKWARD_BC96_WIDTHS and (self.block_n, self.block_m) == (96, 64)
-        if not (narrow or narrow_bc64 or narrow_br128 or wide or keys):
+        transposed = self.headdim in HOPPER_BACKWARD_BC80_WIDTHS and (self.block_n, self.block_m) == (80, 64)
+        if not (narrow or narrow_bc64 or narrow_br128 or wide or keys or transposed):
             raise ValueError(f"HopperBackwardConfig {self.name!r}: the kernel takes D = "
                              f"{', '.join(map(str, HOPPER_BACKWARD_WIDTHS))} with B_c = 128, B_r = 64, or D = "
                              f"{', '.join(map(str, HOPPER_BACKWARD_BC64_WIDTHS + HOPPER_BACKWARD_WIDE_WIDTHS))} "
                              f"with B_c = 64, B_r = 64, or D = "
                              f"{', '.join(map(str, HOPPER_BACKWARD_BR128_WIDTHS))} with B_c = 128, B_r = 128, or D = "
-                             f"{', '.join(map(str, HOPPER_BACKWARD_BC96_WIDTHS))} with B_c = 96, B_r = 64")
+                             f"{', '.join(map(str, HOPPER_BACKWARD_BC96_WIDTHS))} with B_c = 96, B_r = 64, or D = "
+                             f"{', '.join(map(str, HOPPER_BACKWARD_BC80_WIDTHS))} with B_c = 80, B_r = 64")
         if self.role_split and not (wide and self.block_n == 64):
             raise ValueError(f"HopperBackwardConfig {self.name!r}: the role split (rs) takes D = "
                              f"{', '.join(map(str, HOPPER_BACKWARD_WIDE_WIDTHS))} with B_c = 64")
@@ -777,8 +784,9 @@ class HopperBackwardConfig:
 
     @property
     def supports_variants(self) -> bool:
-        """Built with the attention variants (kSupportsVariants): all but B_c = 96, B_r = 128 and the role split."""
-        return self.block_n != 96 and self.block_m == 64 and not self.role_split
+        """Built with the attention variants (kSupportsVariants): all but B_c = 96 and 80, B_r = 128 and the role
+        split."""
+        return self.block_n not in (96, 80) and self.block_m == 64 and not self.role_split
 
     @property
     def supports_packed(self) -> bool:
@@ -800,12 +808,13 @@ class HopperBackwardConfig:
         and 128 the B_c / 64 consumers' fp32 dQ tiles (64 rows x D / 2 each, 64 x D at D = 64), 2 stages of lse and D
         (B_r floats each), 5 mbarriers and 1024 bytes of alignment slack. The column blocks (64, 32 or 16
         columns) tile D exactly, with no padding. Sm90BwdWideTraits::kSmemBytes: the same with 2 buffers each
-        of P and dS and no dQ tiles."""
+        of P and dS and no dQ tiles; at B_c = 80 one dO stage and 2 more mbarriers (dO's)."""
         d, n, m = self.headdim, self.block_n, self.block_m
         score_buffers = 4 if self.wide else 2
         dq_tiles = 0 if self.wide or d == 96 else 4 * (n // 64) * 64 * (d if d == 64 else d // 2)
-        return (ELEMENT_BYTES * (2 * n * d + 2 * 2 * m * d + score_buffers * m * n) + dq_tiles + 2 * 2 * m * 4
-                + 8 * 5 + 1024)
+        do_stages, barriers = (1, 7) if self.wide and n == 80 else (2, 5)
+        return (ELEMENT_BYTES * (2 * n * d + (2 + do_stages) * m * d + score_buffers * m * n) + dq_tiles + 2 * 2 * m * 4
+                + 8 * barriers + 1024)
 
     @classmethod
     def parse(cls, name: str) -> "HopperBackwardConfig":
@@ -831,10 +840,12 @@ def _hopper_backward(dtype: str, d: int, longest_first: bool = False, block_n: i
 
 
 # The policy's defaults first: B_c = 96 where built (d192: 1.32-1.37x B_c = 64 on an H100, bf16, 4k, causal and
-# not; it has no variants build, so a window, softcap or ALiBi takes B_c = 64) and "rs" (dense only), the plain
+# not; it has no variants build, so a window, softcap or ALiBi takes B_c = 64), B_c = 80 (d256: 1.08-1.19x the best
+# B_c = 64 build, H200, bf16 and fp16, 1k-16k, causal and not; dense only) and "rs" (dense only), the plain
 # builds, then "lpt".
 HOPPER_BACKWARD_CONFIGS = (
     tuple(_hopper_backward(dtype, d, block_n=96) for d in HOPPER_BACKWARD_BC96_WIDTHS for dtype in ("bf16", "fp16"))
+    + tuple(_hopper_backward(dtype, d, block_n=80) for d in HOPPER_BACKWARD_BC80_WIDTHS for dtype in ("bf16", "fp16"))
     + tuple(_hopper_backward(dtype, d, role_split=True) for d in _HOPPER_BACKWARD_RS_WIDTHS for dtype in ("bf16", "fp16"))
     + tuple(_hopper_backward(dtype, d) for d in (128, 64, 96, 192, 256, 160, 224) for dtype in ("bf16", "fp16"))
     + tuple(_hopper_backward(dtype, d, block_n=64) for d in HOPPER_BACKWARD_BC64_WIDTHS for dtype in ("bf16", "fp16"))

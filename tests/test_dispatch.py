@@ -322,19 +322,22 @@ def test_backward_lpt_builds_are_causal_tuner_candidates_not_defaults():
             default = next(c.name for c in HOPPER_BACKWARD_CONFIGS
                            if c.dtype == dtype and c.headdim == width and not c.longest_first)
             plain = next(c.name for c in HOPPER_BACKWARD_CONFIGS  # the build that has an lpt build and the variants
-                         if c.dtype == dtype and c.headdim == width and not c.longest_first and c.block_n != 96
-                         and not c.role_split)
+                         if c.dtype == dtype and c.headdim == width and not c.longest_first
+                         and c.block_n not in (96, 80) and not c.role_split)
             for causal in (True, False):
                 problem = dispatch.Problem(dtype, width, 2048, 2048, 16, causal, "backward")
                 names = [c.name for c in dispatch.candidates(h100, problem, ALL_BUILT_BACKWARD)]
                 assert (plain + ".lpt" in names) == causal and plain in names and default in names
                 assert dispatch.choose_config(h100, problem, ALL_BUILT_BACKWARD)[0] == default
-                # A window or a packed batch takes a build with the variants (B_c = 96 at d192 and the role split
-                # at d256 have none).
+                # A window or a packed batch takes a build with the variants (B_c = 96 at d192, B_c = 80 and the
+                # role split at d256 have none).
                 for other in (dataclasses.replace(problem, variants=True), dataclasses.replace(problem, packed=True)):
                     assert dispatch.choose_config(h100, other, ALL_BUILT_BACKWARD)[0] == plain
-            if width == 256:  # dense problems: the role split
-                assert default == f"sm90.bwd.{dtype}.d256.br64.bc64.rs"
+            if width == 256:  # dense problems: B_c = 80 (FlashAttention-3's tile), else the role split
+                assert default == f"sm90.bwd.{dtype}.d256.br64.bc80"
+                problem = dispatch.Problem(dtype, width, 8192, 8192, 16, False, "backward")
+                without = [n for n in ALL_BUILT_BACKWARD if not n.endswith(".bc80")]
+                assert dispatch.choose_config(h100, problem, without)[0] == f"sm90.bwd.{dtype}.d256.br64.bc64.rs"
 
 
 def test_policy_report_lists_every_family_and_both_picks():

@@ -43,7 +43,8 @@
 // Block order: blockIdx (x, y, z) = (key tile, kv head, batch); the ".lpt" build Sm90BwdLpt<traits> takes a
 // causal problem's blocks longest first instead ("block order" below).
 // Tile widths 160 .. 256: bwd_kernel_sm90_wide below (64 keys per CTA, the consumers split the columns);
-// at 192 also bwd_kernel_sm90_wide_keys (96 keys per CTA, the consumers split the keys).
+// at 192 also bwd_kernel_sm90_wide_keys (96 keys per CTA, the consumers split the keys), at 256
+// bwd_kernel_sm90_wide_kv_transposed (80 keys per CTA, dK^T and dV^T, the consumers split D).
 // Windows, softcap and ALiBi: the second instantiation Sm90BwdVariants<traits> of both kernels (query-tile
 // range from both window bounds, bwd_variant_probs for P and softcap's dS factor); see "attention
 // variants" below. Packed batches: a third, Sm90BwdPacked<traits> (see "packed batches" below).
@@ -83,6 +84,7 @@ struct Sm90BwdTraits {
   static constexpr bool kShuffledCols = kBlockM == 128;
   static constexpr bool kWide = false;        // bwd_kernel_sm90 (Sm90BwdWideTraits: bwd_kernel_sm90_wide)
   static constexpr bool kKeySplit = false;    // see Sm90BwdWideTraits
+  static constexpr bool kTransposedKV = false;  // see Sm90BwdWideTraits
   // The attention variants are a second instantiation, Sm90BwdVariants<traits> (below).
   static constexpr bool kVariants = false;
   static constexpr bool kSupportsVariants = kBlockM == 64;
@@ -203,6 +205,13 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]), "r"(r[1]),
                "r"(r[2]), "r"(r[3])
                : "memory");
+#endif
+}
+
+// Two 8x8 16-bit matrices (row r of matrix i from lane 8i + r's address; lanes 16-31 give none).
+__device__ __forceinline__ void stmatrix_x2(uint32_t addr, uint32_t r0, uint32_t r1) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.shared.b16 [%0], {%1, %2};" ::"r"(addr), "r"(r0), "r"(r1) : "memory");
 #endif
 }
 
@@ -984,21 +993,25 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
 // Head dimension: as bwd_kernel_sm90 (TMA maps' dim 0 = p.headdim zero-fills the columns past it;
 // dK/dV stores and dQ adds skip the n8 blocks at or past p.headdim).
 // kBlockN_ = 96 (D = 192 only): bwd_kernel_sm90_wide_keys below, the consumers split the keys.
+// kBlockN_ = 80 (D = 256 only): bwd_kernel_sm90_wide_kv_transposed below, the consumers split D of dK^T, dV^T;
+// one dO stage.
 template <bool kBf16_, int kHeadDim_, int kBlockN_ = 64>
 struct Sm90BwdWideTraits {
   static constexpr bool kBf16 = kBf16_;
   static constexpr int kHeadDim = kHeadDim_;  // the tile width: 160, 192, 224 or 256
   static constexpr bool kWide = true;
   static constexpr bool kKeySplit = kBlockN_ == 96;  // bwd_kernel_sm90_wide_keys
+  static constexpr bool kTransposedKV = kBlockN_ == 80;  // bwd_kernel_sm90_wide_kv_transposed
   static constexpr bool kVariants = false;  // see Sm90BwdTraits
-  static constexpr bool kSupportsVariants = !kKeySplit;
+  static constexpr bool kSupportsVariants = !kKeySplit && !kTransposedKV;
   static constexpr bool kPacked = false;  // see Sm90BwdTraits; built where the variants are
   static constexpr bool kLongestFirst = false;  // see Sm90BwdTraits
   static constexpr bool kDQBulk = false;        // dQ adds with red.global.add (see Sm90BwdTraits)
   static constexpr bool kRoleSplit = false;     // Sm90BwdRoleSplit<traits> (below)
   static_assert(kHeadDim == 160 || kHeadDim == 192 || kHeadDim == 224 || kHeadDim == 256,
                 "the sm90 wide backward takes D = 160, 192, 224 or 256");
-  static_assert(kBlockN_ == 64 || (kBlockN_ == 96 && kHeadDim == 192), "B_c = 64, or 96 at D = 192");
+  static_assert(kBlockN_ == 64 || (kBlockN_ == 96 && kHeadDim == 192) || (kBlockN_ == 80 && kHeadDim == 256),
+                "B_c = 64, or 96 at D = 192, or 80 at D = 256");
   static constexpr int kHalf = kHeadDim / 2;  // columns of dK, dV, dQ per consumer
   static constexpr int kColBlock = kHalf % 64 == 0 ? 64 : kHalf % 32 == 0 ? 32 : 16;
   static constexpr int kRowBytes = 2 * kColBlock;
@@ -1009,14 +1022,15 @@ struct Sm90BwdWideTraits {
   static constexpr int kBlockN = kBlockN_;  // keys per CTA: at 128, dV + dK would be D (160-256) fp32 registers per thread
   static constexpr int kBlockM = 64;             // queries per step (32 per consumer in S^T, dP^T)
   static constexpr int kStages = 2;
+  static constexpr int kDOStages = kTransposedKV ? 1 : kStages;  // B_c = 80: two would not fit
   static constexpr int kThreads = 384;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   static constexpr uint32_t kKVBlock = kBlockN * kRowBytes;  // a column block of K or V
   static constexpr uint32_t kQBlock = kBlockM * kRowBytes;   // a column block of Q or dO
   static constexpr uint32_t kPBlock = kBlockM * kBlockN * 2;  // P or dS: [query][key], 128-byte rows (B_c 96: kSBlock)
-  // B_c = 96: P and dS are blocks of 16 keys (32-byte rows, 32B swizzle, 256-byte atoms), so that each
-  // consumer's 48 keys are three whole blocks of the MN-major B operand (as K's at D = 96 in Sm90BwdTraits).
+  // B_c = 96 and 80: P and dS are blocks of 16 keys (32-byte rows, 32B swizzle, 256-byte atoms), so that each
+  // consumer's 48 keys (all 80 keys) are whole blocks of the MN-major B operand (as K's at D = 96 in Sm90BwdTraits).
   static constexpr uint32_t kSBlock = kBlockM * 16 * 2;
   static constexpr uint32_t kKVTile = kDBlocks * kKVBlock;
   static constexpr uint32_t kQTile = kDBlocks * kQBlock;
@@ -1024,12 +1038,13 @@ struct Sm90BwdWideTraits {
   static constexpr uint32_t kVOff = kKOff + kKVTile;
   static constexpr uint32_t kQOff = kVOff + kKVTile;               // stage s at + s * kQTile
   static constexpr uint32_t kDOOff = kQOff + kStages * kQTile;
-  static constexpr uint32_t kPOff = kDOOff + kStages * kQTile;     // buffer u at + u * kPBlock
+  static constexpr uint32_t kPOff = kDOOff + kDOStages * kQTile;   // buffer u at + u * kPBlock
   static constexpr uint32_t kDSOff = kPOff + 2 * kPBlock;          // buffer u at + u * kPBlock
   static constexpr uint32_t kLseOff = kDSOff + 2 * kPBlock;        // stage s at + s * 256
   static constexpr uint32_t kDsumOff = kLseOff + kStages * kBlockM * 4;
   static constexpr uint32_t kBarOff = kDsumOff + kStages * kBlockM * 4;
-  static constexpr uint32_t kBars = 1 + 2 * kStages;  // kv_full, full[s], empty[s]
+  // kv_full, full[s], empty[s]; B_c = 80 also do_full, do_empty (dO's own stage)
+  static constexpr uint32_t kBars = 1 + 2 * kStages + (kTransposedKV ? 2 : 0);
   static constexpr uint32_t kSmemBytes = kBarOff + 8 * kBars + 1024;
   static constexpr uint32_t kStepTxBytes = 2 * kQTile + 2 * kBlockM * 4;  // Q, dO, lse, D
   static_assert(kHalf % kColBlock == 0 && kHalf % 16 == 0, "each consumer's half is whole column blocks");
@@ -1861,6 +1876,334 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   };
   write_out(acc_dk, p.scale, p.dk, p.dk_batch_stride, p.dk_head_stride, p.dk_row_stride);
   write_out(acc_dv, 1.f, p.dv, p.dv_batch_stride, p.dv_head_stride, p.dv_row_stride);
+#endif
+}
+
+// ------------------------------------------------------------------ wide tiles, 80 keys (D = 256)
+// Sm90BwdWideTraits<kBf16, 256, 80>: FlashAttention-3's d256 tile. 80 keys per CTA, a quarter more than
+// bwd_kernel_sm90_wide, so a fifth fewer Q, dO, lse, D loads and dQ atomics per key. dK and dV are computed
+// transposed, with D as M, and the consumers split D (two m64 tiles each), each over all 80 keys:
+//   S_c = Q K_c^T, dP_c = dO V_c^T       SS wgmma m64n40: the 64 queries x keys 40c .. 40c+39
+//   P_c, dS_c in registers -> shared memory ([query][key], 16-key blocks, 32B swizzle, stmatrix; key block 2
+//                                        holds consumer 0's last 8 keys and consumer 1's first 8)
+//   dV^T[128c + 64r ..] += dO^T P        SS wgmma m64n80, r = 0, 1: A = dO's column block 2c + r MN-major, B = P
+//                                        MN-major over all 80 keys (a barrier over both consumers first)
+//   dK^T[128c + 64r ..] += Q^T dS        (as dV)
+//   dQ[:, 128c + 64h ..] = dS K[:, ..]   SS wgmma m64n64, h = 0 then 1 in the same 32 registers (64 beside dV^T
+//                                        and dK^T's 160 would not fit): A = dS K-major over the 80 keys, B = K
+//                                        MN-major; each slice's red.global.add issue while the next GEMM runs
+// Registers per consumer thread: dV^T, dK^T 80 each, S, dP 20 each, dQ 32 (S, dP dead before dQ is live).
+// Shared memory: K, V 80 x 256 each (80 KiB); Q 2 stages, dO one (96 KiB); P, dS 2 buffers x 10 KiB each;
+// lse/D 1 KiB: 218 KiB + barriers + 1 KiB alignment slack. dO's one stage goes back to the producer as soon as
+// both consumers' dV^T is done, so the next step's dO loads under this step's dQ and dK. dK and dV leave through
+// the Q and dO stages (free once both consumers are past their last step), transposed by stmatrix.trans, in
+// 16-byte stores.
+// The attention variants are not built for it (kSupportsVariants false), nor packed batches.
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    bwd_kernel_sm90_wide_kv_transposed(const __grid_constant__ CUtensorMap tm_q,
+                                       const __grid_constant__ CUtensorMap tm_k,
+                                       const __grid_constant__ CUtensorMap tm_v,
+                                       const __grid_constant__ CUtensorMap tm_do,
+                                       const __grid_constant__ BwdParams p) {
+#ifdef FLASHOP_SM90_ENABLED
+  constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kD = T::kHeadDim, kH = T::kHalf;
+  constexpr int kNK = kBN / 2;  // keys per consumer in S, dP: 40
+  constexpr int kMT = kH / 64;  // m64 tiles of dV^T, dK^T per consumer: 2
+  constexpr int kQSlice = 64;   // dQ columns per slice
+  static_assert(T::kTransposedKV && kNK == 40 && kD == 256 && T::kColBlock == 64 && T::kDOStages == 1 &&
+                    T::kSBlock == 2048 && kBN % 16 == 0,
+                "B_c = 80 at D = 256");
+  using Elem = typename std::conditional<T::kBf16, __nv_bfloat16, __half>::type;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = base + T::kKOff, sV = base + T::kVOff, sDO = base + T::kDOOff;
+  const uint32_t bar_kv = base + T::kBarOff;
+  auto bar_full = [&](int s) { return bar_kv + 8u * (1 + s); };
+  auto bar_empty = [&](int s) { return bar_kv + 8u * (1 + T::kStages + s); };
+  const uint32_t bar_do_full = bar_kv + 8u * (1 + 2 * T::kStages), bar_do_empty = bar_do_full + 8u;
+
+  const BwdBlock block = bwd_block<T>(p);
+  const int n_block = block.n_block, hk = block.hk, b = block.b;
+  const int key0 = n_block * kBN;
+  int m_first, per_head;  // query tiles m_first .. m_first + per_head - 1 of each query head
+  bwd_query_tiles<T>(p, key0, p.seqlen_q, p.seqlen_k, m_first, per_head);
+  const int total = per_head * p.head_ratio;  // steps: (query head of the group, query tile)
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) {
+    tma_prefetch_desc(&tm_q);
+    tma_prefetch_desc(&tm_k);
+    tma_prefetch_desc(&tm_v);
+    tma_prefetch_desc(&tm_do);
+    mbar_init(bar_kv, 1);
+    for (int s = 0; s < T::kStages; ++s) {
+      mbar_init(bar_full(s), 1);
+      mbar_init(bar_empty(s), T::kThreads - 128);  // one arrival per consumer thread
+    }
+    mbar_init(bar_do_full, 1);
+    mbar_init(bar_do_empty, T::kThreads - 128);
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer: K, V once; per step Q, lse, D into
+    // a ring of two stages and dO into its one stage.
+    setmaxnreg_dec<T::kProducerRegs>();
+    if (tid == 0 && total > 0) {
+      mbar_arrive_expect_tx(bar_kv, 2 * T::kKVTile);
+      for (int h = 0; h < T::kDBlocks; ++h) {
+        tma_load_4d(&tm_k, sK + h * T::kKVBlock, bar_kv, T::kColBlock * h, key0, hk, b);
+        tma_load_4d(&tm_v, sV + h * T::kKVBlock, bar_kv, T::kColBlock * h, key0, hk, b);
+      }
+      for (int it = 0; it < total; ++it) {
+        const int s = it % T::kStages;
+        const uint32_t use = it / T::kStages;
+        if (use > 0) mbar_wait(bar_empty(s), (use - 1) & 1);
+        const int hq = hk * p.head_ratio + it / per_head;
+        const int m = m_first + it % per_head;
+        const uint32_t full = bar_full(s);
+        mbar_arrive_expect_tx(full, T::kQTile + 2 * kBM * 4);
+        const uint32_t sQ = base + T::kQOff + s * T::kQTile;
+        for (int h = 0; h < T::kDBlocks; ++h) tma_load_4d(&tm_q, sQ + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
+        // The workspaces are padded to kBwdSeqQPad rows: the whole tile is in bounds.
+        const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + int64_t(m) * kBM;
+        bulk_load(base + T::kLseOff + s * kBM * 4, p.lse_log2 + row, kBM * 4, full);
+        bulk_load(base + T::kDsumOff + s * kBM * 4, p.dsum + row, kBM * 4, full);
+        if (it > 0) mbar_wait(bar_do_empty, (it - 1) & 1);
+        mbar_arrive_expect_tx(bar_do_full, T::kQTile);
+        for (int h = 0; h < T::kDBlocks; ++h)
+          tma_load_4d(&tm_do, sDO + h * T::kQBlock, bar_do_full, T::kColBlock * h, m * kBM, hq, b);
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------- consumer
+  setmaxnreg_inc<T::kConsumerRegs>();
+  const int c = wg - 1;  // keys 40c .. 40c+39 of S, dP; columns 128c .. 128c+127 of dV, dK, dQ
+  const int ctid = tid - 128;  // 0 .. 255 over both consumers
+  const int warp = (tid % 128) / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int row_lo = 16 * warp + g;           // S, dP rows (queries of the step): row_lo, row_lo + 8
+  const int key_lo = key0 + kNK * c + 2 * t;  // S, dP columns of n8 block i: key_lo + 8i (+1)
+
+  float acc_dv[kMT][kBN / 2], acc_dk[kMT][kBN / 2];
+#pragma unroll
+  for (int r = 0; r < kMT; ++r)
+#pragma unroll
+    for (int i = 0; i < kBN / 2; ++i) acc_dv[r][i] = acc_dk[r][i] = 0.f;
+
+  if (total > 0) mbar_wait(bar_kv, 0);
+  const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
+
+  for (int it = 0; it < total; ++it) {
+    const int s = it % T::kStages;
+    const int hq = hk * p.head_ratio + it / per_head;
+    const int m = m_first + it % per_head;
+    const int q0 = m * kBM;
+    const uint32_t sQ = base + T::kQOff + s * T::kQTile;
+    const uint32_t sP = base + T::kPOff + (it & 1) * T::kPBlock, sDS = base + T::kDSOff + (it & 1) * T::kPBlock;
+
+    // S = Q K_c^T and dP = dO V_c^T over D (K-major both): A = the 64 rows of Q or dO, B = rows
+    // 40c .. 40c+39 of K or V (five atoms into each column block).
+    auto gemm_nt = [&](float (&acc)[kNK / 2], uint32_t sA, uint32_t sB) {
+      constexpr int kSteps = T::kColBlock / 16;
+#pragma unroll
+      for (int k = 0; k < kD / 16; ++k) {
+        const uint32_t koff = (k % kSteps) * 32;
+        wgmma_ss<T::kBf16, kNK, 0>(
+            acc, bwd_tile_desc<T::kRowBytes>(sA + (k / kSteps) * T::kQBlock + koff, 16),
+            bwd_tile_desc<T::kRowBytes>(sB + (k / kSteps) * T::kKVBlock + kNK * c * T::kRowBytes + koff, 16), k > 0);
+      }
+      wgmma_commit();
+    };
+    float sp[kNK / 2], dp[kNK / 2];
+    mbar_wait(bar_full(s), (it / T::kStages) & 1);
+    wgmma_fence();
+    gemm_nt(sp, sQ, sK);
+    mbar_wait(bar_do_full, it & 1);
+    wgmma_fence();  // the wait's loop would have ptxas inject one
+    gemm_nt(dp, sDO, sV);
+
+    // An m64n40 accumulator as [query][key]: n8 block i (keys 40c + 8i ..) is the 16-byte chunk (5c + i) % 2 of
+    // the 32-byte rows of 16-key block (40c + 8i) / 16 (32B swizzle: chunk ^= bit 2 of the row); stmatrix.x2:
+    // matrix 0 queries 16 warp .. +7 (registers 4i, 4i+1), matrix 1 queries +8 .. +15 (4i+2, 4i+3).
+    auto store = [&](uint32_t buf, const float (&acc)[kNK / 2]) {
+      const int q = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;
+#pragma unroll
+      for (int i = 0; i < kNK / 8; ++i) {
+        const int kk = kNK * c + 8 * i;
+        const uint32_t off = (kk / 16) * T::kSBlock + q * 32 + ((((kk / 8) % 2) ^ ((q >> 2) & 1)) << 4);
+        stmatrix_x2(buf + off, pack2<T::kBf16>(acc[4 * i], acc[4 * i + 1]),
+                    pack2<T::kBf16>(acc[4 * i + 2], acc[4 * i + 3]));
+      }
+    };
+
+    // P while dP runs. Rows (queries) q0 + row_lo (+8): lse and D are one value per row.
+    wgmma_wait<1>();
+    fence_regs(sp);
+    const uint32_t sLse = base + T::kLseOff + s * kBM * 4 + row_lo * 4;
+    const uint32_t sDsum = base + T::kDsumOff + s * kBM * 4 + row_lo * 4;
+    {
+      float lse[2];
+      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(lse[0]) : "r"(sLse));
+      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(lse[1]) : "r"(sLse + 32));
+      // Element (i, e) is key key_lo + 8i + (e & 1) of row h = e >> 1: visible iff 8i + (e & 1) <= last[h]
+      // (key < Sk, and causal key <= query + Sk - Sq), so that the masks compare immediates.
+      int last[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int64_t l = int64_t(p.seqlen_k) - 1 - key_lo;
+        if (p.causal) l = min(l, int64_t(q0) + row_lo + 8 * h + causal_shift - key_lo);
+        last[h] = static_cast<int>(max(min(l, int64_t(kNK)), int64_t(-1)));
+      }
+#pragma unroll
+      for (int i = 0; i < kNK / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x = exp2f(sp[4 * i + e] * p.scale_log2 - lse[e >> 1]);
+          sp[4 * i + e] = 8 * i + (e & 1) <= last[e >> 1] ? x : 0.f;  // P from here on
+        }
+      }
+    }
+    store(sP, sp);
+    fence_proxy_async_smem();
+    named_bar_sync<2, 256>();  // both consumers' keys of P written
+    // dV^T[128c + 64r .., :] += dO^T P: A = dO's column block 2c + r (MN-major; 16 query rows per k step =
+    // two atoms), B = P over all 80 keys (MN-major, 16-key blocks kSBlock apart).
+    wgmma_fence();
+#pragma unroll
+    for (int r = 0; r < kMT; ++r)
+#pragma unroll
+      for (int j = 0; j < kBM / 16; ++j)
+        wgmma_ss<T::kBf16, kBN, 1, 1>(
+            acc_dv[r], bwd_tile_desc<T::kRowBytes>(sDO + (kMT * c + r) * T::kQBlock + j * 2 * T::kAtomBytes, T::kQBlock),
+            make_desc_sw32(sP + j * 512, T::kSBlock, 256), 1);
+    wgmma_commit();
+
+    wgmma_wait<1>();  // dP done (dV may still run)
+    fence_regs(dp);
+    {
+      float dsum[2];
+      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(dsum[0]) : "r"(sDsum));
+      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(dsum[1]) : "r"(sDsum + 32));
+#pragma unroll
+      for (int i = 0; i < kNK / 2; ++i) dp[i] = sp[i] * (dp[i] - dsum[(i >> 1) & 1]);  // dS
+    }
+    store(sDS, dp);
+    fence_proxy_async_smem();
+    named_bar_sync<1, 256>();  // both consumers' keys of dS written
+
+    // dQ[:, 128c + 64h ..] = dS K[:, ..]: A = dS K-major over the 80 keys (one 16-key block per k step), B = K's
+    // column block 2c + h (MN-major: 16 key rows per k step). Added into the fp32 accumulator (rows >= Sq have
+    // dS = 0: skipped; the n8 blocks at or past the head dimension hold zeros and are not added).
+    float dq[kQSlice / 2];
+    auto issue_dq = [&](int h) {
+#pragma unroll
+      for (int k = 0; k < kBN / 16; ++k)
+        wgmma_ss<T::kBf16, kQSlice, 1>(dq, make_desc_sw32(sDS + k * T::kSBlock, 16, 256),
+                                       bwd_tile_desc<T::kRowBytes>(sK + (kMT * c + h) * T::kKVBlock +
+                                                                       k * 16 * T::kRowBytes,
+                                                                   T::kKVBlock),
+                                       k > 0);
+      wgmma_commit();
+    };
+    float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD + kH * c;
+    auto add_dq = [&](int h) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = row_lo + 8 * hh;
+        if (q0 + row < p.seqlen_q) {
+#pragma unroll
+          for (int i = 0; i < kQSlice / 8; ++i) {
+            if (kH * c + kQSlice * h + 8 * i >= p.headdim) break;
+            red_add_v2(gacc + row * kD + kQSlice * h + 8 * i + 2 * t, dq[4 * i + 2 * hh], dq[4 * i + 2 * hh + 1]);
+          }
+        }
+      }
+    };
+    wgmma_fence();
+    issue_dq(0);
+    // dK^T[128c + 64r .., :] += Q^T dS (as dV)
+#pragma unroll
+    for (int r = 0; r < kMT; ++r)
+#pragma unroll
+      for (int j = 0; j < kBM / 16; ++j)
+        wgmma_ss<T::kBf16, kBN, 1, 1>(
+            acc_dk[r], bwd_tile_desc<T::kRowBytes>(sQ + (kMT * c + r) * T::kQBlock + j * 2 * T::kAtomBytes, T::kQBlock),
+            make_desc_sw32(sDS + j * 512, T::kSBlock, 256), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // dV and the first dQ slice done (dK may still run)
+    fence_regs(dq);
+    mbar_arrive(bar_do_empty);  // this consumer's reads of dO (dP, dV) are done
+    add_dq(0);
+    wgmma_fence();  // the adds read dq before the next slice overwrites it
+    issue_dq(1);
+    wgmma_wait<0>();
+    fence_regs(dq);
+    add_dq(1);
+#pragma unroll
+    for (int r = 0; r < kMT; ++r) {
+      fence_regs(acc_dv[r]);
+      fence_regs(acc_dk[r]);
+    }
+    // Every read of this stage's Q, lse, D is done: hand it back to the producer.
+    mbar_arrive(bar_empty(s));
+  }
+
+  // dK^T * scale and dV^T through shared memory into [key][column] rows, then 16-byte stores. Once both consumers
+  // are past their last step, nothing reads the Q and dO stages and no load is pending: dK's 80 rows go at the
+  // start of that region and dV's after them, rows of 2D + 16 bytes (the eight rows of an stmatrix in distinct
+  // banks).
+  constexpr uint32_t kOutRow = 2 * kD + 16;
+  static_assert(2 * kBN * kOutRow <= T::kStages * T::kQTile + T::kDOStages * T::kQTile && T::kDOOff ==
+                    T::kQOff + T::kStages * T::kQTile,
+                "dK and dV rows fit the Q and dO stages");
+  named_bar_sync<1, 256>();
+  const uint32_t sOutK = base + T::kQOff, sOutV = sOutK + kBN * kOutRow;
+  auto stage_out = [&](const float (&acc)[kMT][kBN / 2], float scale, uint32_t sOut) {
+    // stmatrix.x4.trans of 16 keys (n8 blocks 2j, 2j+1) x 16 columns of m64 tile r: matrix mi holds columns
+    // 128c + 64r + 16 warp + 8 (mi % 2) .. +7 of keys 16j + 8 (mi / 2) .. +7, row lane % 8 of it from this lane.
+    const int mi = lane / 8;
+#pragma unroll
+    for (int r = 0; r < kMT; ++r)
+#pragma unroll
+      for (int j = 0; j < kBN / 16; ++j) {
+        uint32_t fr[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int idx = 4 * (2 * j + k / 2) + 2 * (k % 2);
+          fr[k] = pack2<T::kBf16>(acc[r][idx] * scale, acc[r][idx + 1] * scale);
+        }
+        const int key = 16 * j + 8 * (mi / 2) + lane % 8;
+        stmatrix_x4_trans(sOut + key * kOutRow + (kH * c + 64 * r + 16 * warp + 8 * (mi % 2)) * 2, fr);
+      }
+  };
+  stage_out(acc_dk, p.scale, sOutK);
+  stage_out(acc_dv, 1.f, sOutV);
+  named_bar_sync<1, 256>();
+  auto write_out = [&](uint32_t sOut, void* out, int64_t batch_stride, int64_t head_stride, int64_t row_stride) {
+    Elem* gout = static_cast<Elem*>(out) + int64_t(b) * batch_stride + int64_t(hk) * head_stride;
+    constexpr int kChunks = kD / 8;  // 16-byte chunks of a row
+#pragma unroll 1
+    for (int idx = ctid; idx < kBN * kChunks; idx += 256) {
+      const int key = idx / kChunks, col = 8 * (idx % kChunks);
+      const int gkey = key0 + key;
+      if (gkey < p.seqlen_k && col < p.headdim) {
+        uint32_t v0, v1, v2, v3;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                     : "r"(sOut + key * kOutRow + col * 2));
+        *reinterpret_cast<uint4*>(gout + int64_t(gkey) * row_stride + col) = make_uint4(v0, v1, v2, v3);
+      }
+    }
+  };
+  write_out(sOutK, p.dk, p.dk_batch_stride, p.dk_head_stride, p.dk_row_stride);
+  write_out(sOutV, p.dv, p.dv_batch_stride, p.dv_head_stride, p.dv_row_stride);
 #endif
 }
 

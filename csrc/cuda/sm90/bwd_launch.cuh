@@ -29,6 +29,7 @@ cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUt
                             const CUtensorMap& tdo, const CUtensorMap& tdq, cudaStream_t stream) {
   auto kernel = [] {
     if constexpr (K::kWide && K::kKeySplit) return bwd_kernel_sm90_wide_keys<K>;
+    else if constexpr (K::kWide && K::kTransposedKV) return bwd_kernel_sm90_wide_kv_transposed<K>;
     else if constexpr (K::kWide) return bwd_kernel_sm90_wide<K>;
     else return bwd_kernel_sm90<K>;
   }();

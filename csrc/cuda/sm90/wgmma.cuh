@@ -1,5 +1,5 @@
 // wgmma.mma_async wrappers: one template per A source, wgmma_ss (A from shared memory) and
-// wgmma_rs (A from registers), on <element type, N, tnspB> (wgmma_ss: and tnspA); N = 32, 48, 64, 80, 96, 112, 128, 160, 176, 192, 224 or 256 (hand-checked
+// wgmma_rs (A from registers), on <element type, N, tnspB> (wgmma_ss: and tnspA); N = 32, 40, 48, 64, 80, 96, 112, 128, 160, 176, 192, 224 or 256 (hand-checked
 // against the PTX ISA: with 16-bit A/B, N is any multiple of 8 from 8 to 256).
 // D (f32 accumulators) is m64 x N, N/2 registers per thread: per warp w of the warpgroup rows
 // 16w..16w+15; for n8 block i a thread holds d[4i+0..3] = (r, c), (r, c+1), (r+8, c), (r+8, c+1)
@@ -36,6 +36,8 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define FLASHOP_WG_ACC_16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define FLASHOP_WG_ACC_20 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19"
 #define FLASHOP_WG_ACC_24 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23"
@@ -67,6 +69,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define FLASHOP_WG_D32(i) \
   FLASHOP_WG_D8(i), FLASHOP_WG_D8(i + 8), FLASHOP_WG_D8(i + 16), FLASHOP_WG_D8(i + 24)
 #define FLASHOP_WG_D_16 FLASHOP_WG_D8(0), FLASHOP_WG_D8(8)
+#define FLASHOP_WG_D_20 FLASHOP_WG_D8(0), FLASHOP_WG_D8(8), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
 #define FLASHOP_WG_D_24 FLASHOP_WG_D8(0), FLASHOP_WG_D8(8), FLASHOP_WG_D8(16)
 #define FLASHOP_WG_D_32 FLASHOP_WG_D32(0)
 #define FLASHOP_WG_D_40 FLASHOP_WG_D32(0), FLASHOP_WG_D8(32)
@@ -91,6 +94,13 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define FLASHOP_WG_ARG16_4 "%20"
 #define FLASHOP_WG_ARG16_5 "%21"
 #define FLASHOP_WG_ARG16_6 "%22"
+#define FLASHOP_WG_ARG20_0 "%20"
+#define FLASHOP_WG_ARG20_1 "%21"
+#define FLASHOP_WG_ARG20_2 "%22"
+#define FLASHOP_WG_ARG20_3 "%23"
+#define FLASHOP_WG_ARG20_4 "%24"
+#define FLASHOP_WG_ARG20_5 "%25"
+#define FLASHOP_WG_ARG20_6 "%26"
 #define FLASHOP_WG_ARG24_0 "%24"
 #define FLASHOP_WG_ARG24_1 "%25"
 #define FLASHOP_WG_ARG24_2 "%26"
@@ -194,11 +204,12 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
     else KIND(N, R, "f16.f16");                           \
   } while (0)
 
-// N widths with spelled operands (N/2 registers): 32 (16; the sm90 wide backward's S^T, dP^T), 48 (24; the sm90 backward's d96 dQ), 64 (32), 80 (40),
+// N widths with spelled operands (N/2 registers): 32 (16; the sm90 wide backward's S^T, dP^T), 40 (20; its
+// B_c = 80 build's S, dP), 48 (24; the sm90 backward's d96 dQ), 64 (32), 80 (40),
 // 96 (48), 112 (56), 128 (64), 160 (80), 176 (88), 192 (96), 224 (112), 256 (128). Another width needs its FLASHOP_WG_ACC_/D_/ARG entries and one
 // line in each template below.
 template <int N>
-constexpr bool kWgmmaWidthSpelled = N == 32 || N == 48 || N == 64 || N == 80 || N == 96 || N == 112 || N == 128 || N == 160 ||
+constexpr bool kWgmmaWidthSpelled = N == 32 || N == 40 || N == 48 || N == 64 || N == 80 || N == 96 || N == 112 || N == 128 || N == 160 ||
                                     N == 176 || N == 192 || N == 224 || N == 256;
 
 // D[64xN] (+)= A[64x16] (smem, descriptor, tnspA: 0 K-major, 1 MN-major) * B[16xN] (smem, descriptor, tnspB)
@@ -208,6 +219,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
   static_assert(kWgmmaWidthSpelled<N>, "wgmma N not spelled in wgmma.cuh");
 #ifdef FLASHOP_SM90_ENABLED
   if constexpr (N == 32) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 32, 16);
+  else if constexpr (N == 40) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 40, 20);
   else if constexpr (N == 48) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 48, 24);
   else if constexpr (N == 64) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 64, 32);
   else if constexpr (N == 80) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_SS_ASM, 80, 40);
@@ -229,6 +241,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
   static_assert(kWgmmaWidthSpelled<N>, "wgmma N not spelled in wgmma.cuh");
 #ifdef FLASHOP_SM90_ENABLED
   if constexpr (N == 32) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 32, 16);
+  else if constexpr (N == 40) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 40, 20);
   else if constexpr (N == 48) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 48, 24);
   else if constexpr (N == 64) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 64, 32);
   else if constexpr (N == 80) FLASHOP_WGMMA_BY_TYPE(FLASHOP_WGMMA_RS_ASM, 80, 40);
@@ -248,6 +261,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 
 // The spelling macros are not needed past this point (expanded in the templates above).
 #undef FLASHOP_WG_ACC_16
+#undef FLASHOP_WG_ACC_20
 #undef FLASHOP_WG_ACC_24
 #undef FLASHOP_WG_ACC_32
 #undef FLASHOP_WG_ACC_40
@@ -262,6 +276,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #undef FLASHOP_WG_D8
 #undef FLASHOP_WG_D32
 #undef FLASHOP_WG_D_16
+#undef FLASHOP_WG_D_20
 #undef FLASHOP_WG_D_24
 #undef FLASHOP_WG_D_32
 #undef FLASHOP_WG_D_40
@@ -280,6 +295,13 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #undef FLASHOP_WG_ARG16_4
 #undef FLASHOP_WG_ARG16_5
 #undef FLASHOP_WG_ARG16_6
+#undef FLASHOP_WG_ARG20_0
+#undef FLASHOP_WG_ARG20_1
+#undef FLASHOP_WG_ARG20_2
+#undef FLASHOP_WG_ARG20_3
+#undef FLASHOP_WG_ARG20_4
+#undef FLASHOP_WG_ARG20_5
+#undef FLASHOP_WG_ARG20_6
 #undef FLASHOP_WG_ARG24_0
 #undef FLASHOP_WG_ARG24_1
 #undef FLASHOP_WG_ARG24_2
