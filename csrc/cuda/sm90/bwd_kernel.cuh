@@ -1567,6 +1567,155 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #endif
 }
 
+// ------------------------------------------------------------------ steps of the B_c = 96 and 80 kernels
+// The barriers of the B_c = 96 and 80 kernels after kBarOff: kv_full, full[s], empty[s] (Q, lse, D, and dO where
+// it has kStages stages), then with one dO stage do_full, do_empty.
+template <class T>
+struct BwdWideKeysBars {
+  uint32_t kv;
+  __device__ __forceinline__ uint32_t full(int s) const { return kv + 8u * (1 + s); }
+  __device__ __forceinline__ uint32_t empty(int s) const { return kv + 8u * (1 + T::kStages + s); }
+  __device__ __forceinline__ uint32_t do_full() const { return kv + 8u * (1 + 2 * T::kStages); }
+  __device__ __forceinline__ uint32_t do_empty() const { return do_full() + 8u; }
+};
+
+// Thread 0 of the B_c = 96 and 80 kernels: the maps' descriptors prefetched, the barriers initialised (an empty
+// barrier takes one arrival per consumer thread).
+template <class T>
+__device__ __forceinline__ void bwd_wide_keys_init(const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                                   const CUtensorMap* tm_v, const CUtensorMap* tm_do,
+                                                   const BwdWideKeysBars<T>& bars) {
+  tma_prefetch_desc(tm_q);
+  tma_prefetch_desc(tm_k);
+  tma_prefetch_desc(tm_v);
+  tma_prefetch_desc(tm_do);
+  mbar_init(bars.kv, 1);
+  for (int s = 0; s < T::kStages; ++s) {
+    mbar_init(bars.full(s), 1);
+    mbar_init(bars.empty(s), T::kThreads - 128);
+  }
+  if constexpr (T::kDOStages == 1) {
+    mbar_init(bars.do_full(), 1);
+    mbar_init(bars.do_empty(), T::kThreads - 128);
+  }
+  mbar_init_fence();
+}
+
+// The producer thread of the B_c = 96 and 80 kernels: K and V once, then per step (query head of the group, query
+// tile) Q, lse and D into the ring's stage, and dO with them, or with one dO stage into it once the consumers hand
+// it back (they do so mid-step, so the load runs under the rest of their step).
+template <class T>
+__device__ __forceinline__ void bwd_wide_keys_producer(const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                                       const CUtensorMap* tm_v, const CUtensorMap* tm_do,
+                                                       const BwdParams& p, uint32_t base,
+                                                       const BwdWideKeysBars<T>& bars, int key0, int hk, int b,
+                                                       int m_first, int per_head, int total) {
+  constexpr int kBM = T::kBlockM;
+  constexpr bool kOwnDO = T::kDOStages == 1;
+  mbar_arrive_expect_tx(bars.kv, 2 * T::kKVTile);
+  for (int h = 0; h < T::kDBlocks; ++h) {
+    tma_load_4d(tm_k, base + T::kKOff + h * T::kKVBlock, bars.kv, T::kColBlock * h, key0, hk, b);
+    tma_load_4d(tm_v, base + T::kVOff + h * T::kKVBlock, bars.kv, T::kColBlock * h, key0, hk, b);
+  }
+  for (int it = 0; it < total; ++it) {
+    const int s = it % T::kStages;
+    const uint32_t use = it / T::kStages;
+    if (use > 0) mbar_wait(bars.empty(s), (use - 1) & 1);
+    const int hq = hk * p.head_ratio + it / per_head;
+    const int m = m_first + it % per_head;
+    const uint32_t full = bars.full(s);
+    mbar_arrive_expect_tx(full, kOwnDO ? T::kQTile + 2 * kBM * 4 : T::kStepTxBytes);
+    const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + (kOwnDO ? 0 : s * T::kQTile);
+    for (int h = 0; h < T::kDBlocks; ++h) {
+      tma_load_4d(tm_q, sQ + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
+      if constexpr (!kOwnDO) tma_load_4d(tm_do, sDO + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
+    }
+    // The workspaces are padded to kBwdSeqQPad rows: the whole tile is in bounds.
+    const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + int64_t(m) * kBM;
+    bulk_load(base + T::kLseOff + s * kBM * 4, p.lse_log2 + row, kBM * 4, full);
+    bulk_load(base + T::kDsumOff + s * kBM * 4, p.dsum + row, kBM * 4, full);
+    if constexpr (kOwnDO) {
+      if (it > 0) mbar_wait(bars.do_empty(), (it - 1) & 1);
+      mbar_arrive_expect_tx(bars.do_full(), T::kQTile);
+      for (int h = 0; h < T::kDBlocks; ++h)
+        tma_load_4d(tm_do, sDO + h * T::kQBlock, bars.do_full(), T::kColBlock * h, m * kBM, hq, b);
+    }
+  }
+}
+
+// S = Q K_c^T or dP = dO V_c^T over D (K-major both): A = the step's 64 rows of Q or dO at sA, B = kN rows of K or
+// V at sB (in each column block: the caller's first row), in column blocks kQBlock / kKVBlock apart; committed.
+template <class T, int kN>
+__device__ __forceinline__ void bwd_wide_gemm_nt(float (&acc)[kN / 2], uint32_t sA, uint32_t sB) {
+  constexpr int kSteps = T::kColBlock / 16;
+#pragma unroll
+  for (int k = 0; k < T::kHeadDim / 16; ++k) {
+    const uint32_t koff = (k % kSteps) * 32;
+    wgmma_ss<T::kBf16, kN, 0>(acc, bwd_tile_desc<T::kRowBytes>(sA + (k / kSteps) * T::kQBlock + koff, 16),
+                              bwd_tile_desc<T::kRowBytes>(sB + (k / kSteps) * T::kKVBlock + koff, 16), k > 0);
+  }
+  wgmma_commit();
+}
+
+// P = exp2(S scale log2(e) - lse) in place, for an m64 x kN accumulator whose n8 block i holds keys key_lo + 8i
+// (+1) of rows (queries) q0 + row_lo and q0 + row_lo + 8 (their lse at sLse and sLse + 32), and 0 past Sk and,
+// causal, past the diagonal.
+template <int kN>
+__device__ __forceinline__ void bwd_wide_probs(float (&sp)[kN / 2], const BwdParams& p, uint32_t sLse, int q0,
+                                               int row_lo, int key_lo, int64_t causal_shift) {
+  float lse[2];
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(lse[0]) : "r"(sLse));
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(lse[1]) : "r"(sLse + 32));
+  // Element (i, e) is key key_lo + 8i + (e & 1) of row h = e >> 1: visible iff 8i + (e & 1) <= last[h]
+  // (key < Sk, and causal key <= query + Sk - Sq), so that the masks compare immediates.
+  int last[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    int64_t l = int64_t(p.seqlen_k) - 1 - key_lo;
+    if (p.causal) l = min(l, int64_t(q0) + row_lo + 8 * h + causal_shift - key_lo);
+    last[h] = static_cast<int>(max(min(l, int64_t(kN)), int64_t(-1)));
+  }
+#pragma unroll
+  for (int i = 0; i < kN / 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x = exp2f(sp[4 * i + e] * p.scale_log2 - lse[e >> 1]);
+      sp[4 * i + e] = 8 * i + (e & 1) <= last[e >> 1] ? x : 0.f;
+    }
+  }
+}
+
+// dS = P (dP - D) in place in dp, rows as bwd_wide_probs (their D at sDsum and sDsum + 32).
+template <int kN>
+__device__ __forceinline__ void bwd_wide_dsoftmax(float (&dp)[kN / 2], const float (&sp)[kN / 2], uint32_t sDsum) {
+  float dsum[2];
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(dsum[0]) : "r"(sDsum));
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(dsum[1]) : "r"(sDsum + 32));
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) dp[i] = sp[i] * (dp[i] - dsum[(i >> 1) & 1]);
+}
+
+// kRows rows of dK or dV staged [key][column] at sOut (kOutRow bytes apart) into gout rows first_key .., 16 bytes
+// per thread and turn over kThreads threads (thread index idx0); rows past Sk and columns past the head dimension
+// are not written.
+template <class Elem, int kD, int kRows, int kThreads, uint32_t kOutRow>
+__device__ __forceinline__ void bwd_wide_copy_out(uint32_t sOut, Elem* gout, int first_key, int idx0,
+                                                  const BwdParams& p, int64_t row_stride) {
+  constexpr int kChunks = kD / 8;  // 16-byte chunks of a row
+#pragma unroll 1
+  for (int idx = idx0; idx < kRows * kChunks; idx += kThreads) {
+    const int key = idx / kChunks, col = 8 * (idx % kChunks);
+    const int gkey = first_key + key;
+    if (gkey < p.seqlen_k && col < p.headdim) {
+      uint32_t v0, v1, v2, v3;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                   : "r"(sOut + key * kOutRow + col * 2));
+      *reinterpret_cast<uint4*>(gout + int64_t(gkey) * row_stride + col) = make_uint4(v0, v1, v2, v3);
+    }
+  }
+}
+
 // ------------------------------------------------------------------ wide tiles, 96 keys (D = 192)
 // Sm90BwdWideTraits<kBf16, 192, 96>: 96 keys per CTA, half again as many as bwd_kernel_sm90_wide, so a third
 // fewer dQ atomics and Q, dO, lse, D loads per key. An m64 wgmma cannot have 96 keys as its M, so the
@@ -1600,9 +1749,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = base + T::kKOff, sV = base + T::kVOff;
-  const uint32_t bar_kv = base + T::kBarOff;
-  auto bar_full = [&](int s) { return bar_kv + 8u * (1 + s); };
-  auto bar_empty = [&](int s) { return bar_kv + 8u * (1 + T::kStages + s); };
+  const BwdWideKeysBars<T> bars{base + T::kBarOff};
 
   const BwdBlock block = bwd_block<T>(p);
   const int n_block = block.n_block, hk = block.hk, b = block.b;
@@ -1613,48 +1760,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  if (tid == 0) {
-    tma_prefetch_desc(&tm_q);
-    tma_prefetch_desc(&tm_k);
-    tma_prefetch_desc(&tm_v);
-    tma_prefetch_desc(&tm_do);
-    mbar_init(bar_kv, 1);
-    for (int s = 0; s < T::kStages; ++s) {
-      mbar_init(bar_full(s), 1);
-      mbar_init(bar_empty(s), T::kThreads - 128);  // one arrival per consumer thread
-    }
-    mbar_init_fence();
-  }
+  if (tid == 0) bwd_wide_keys_init<T>(&tm_q, &tm_k, &tm_v, &tm_do, bars);
   __syncthreads();
 
   if (wg == 0) {
-    // ------------------------------------------------------------ producer (as bwd_kernel_sm90_wide's)
     setmaxnreg_dec<T::kProducerRegs>();
-    if (tid == 0 && total > 0) {
-      mbar_arrive_expect_tx(bar_kv, 2 * T::kKVTile);
-      for (int h = 0; h < T::kDBlocks; ++h) {
-        tma_load_4d(&tm_k, sK + h * T::kKVBlock, bar_kv, T::kColBlock * h, key0, hk, b);
-        tma_load_4d(&tm_v, sV + h * T::kKVBlock, bar_kv, T::kColBlock * h, key0, hk, b);
-      }
-      for (int it = 0; it < total; ++it) {
-        const int s = it % T::kStages;
-        const uint32_t use = it / T::kStages;
-        if (use > 0) mbar_wait(bar_empty(s), (use - 1) & 1);
-        const int hq = hk * p.head_ratio + it / per_head;
-        const int m = m_first + it % per_head;
-        const uint32_t full = bar_full(s);
-        mbar_arrive_expect_tx(full, T::kStepTxBytes);
-        const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
-        for (int h = 0; h < T::kDBlocks; ++h) {
-          tma_load_4d(&tm_q, sQ + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
-          tma_load_4d(&tm_do, sDO + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
-        }
-        // The workspaces are padded to kBwdSeqQPad rows: the whole tile is in bounds.
-        const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + int64_t(m) * kBM;
-        bulk_load(base + T::kLseOff + s * kBM * 4, p.lse_log2 + row, kBM * 4, full);
-        bulk_load(base + T::kDsumOff + s * kBM * 4, p.dsum + row, kBM * 4, full);
-      }
-    }
+    if (tid == 0 && total > 0)
+      bwd_wide_keys_producer<T>(&tm_q, &tm_k, &tm_v, &tm_do, p, base, bars, key0, hk, b, m_first, per_head, total);
     return;
   }
 
@@ -1675,7 +1787,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kNK / 2; ++i) acc_dv[r][i] = acc_dk[r][i] = 0.f;
 
-  if (total > 0) mbar_wait(bar_kv, 0);
+  if (total > 0) mbar_wait(bars.kv, 0);
   const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
 
   for (int it = 0; it < total; ++it) {
@@ -1685,25 +1797,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const int q0 = m * kBM;
     const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
     const uint32_t sP = base + T::kPOff + (it & 1) * T::kPBlock, sDS = base + T::kDSOff + (it & 1) * T::kPBlock;
-    mbar_wait(bar_full(s), (it / T::kStages) & 1);
+    mbar_wait(bars.full(s), (it / T::kStages) & 1);
 
-    // S = Q K_c^T and dP = dO V_c^T over D (K-major both): A = the 64 rows of Q or dO, B = rows
-    // 48c .. 48c+47 of K or V (six atoms into each column block).
-    auto gemm_nt = [&](float (&acc)[kNK / 2], uint32_t sA, uint32_t sB) {
-      constexpr int kSteps = T::kColBlock / 16;
-#pragma unroll
-      for (int k = 0; k < kD / 16; ++k) {
-        const uint32_t koff = (k % kSteps) * 32;
-        wgmma_ss<T::kBf16, kNK, 0>(
-            acc, bwd_tile_desc<T::kRowBytes>(sA + (k / kSteps) * T::kQBlock + koff, 16),
-            bwd_tile_desc<T::kRowBytes>(sB + (k / kSteps) * T::kKVBlock + kNK * c * T::kRowBytes + koff, 16), k > 0);
-      }
-      wgmma_commit();
-    };
+    // S = Q K_c^T and dP = dO V_c^T: B = rows 48c .. 48c+47 of K or V (six atoms into each column block).
     float sp[kNK / 2], dp[kNK / 2];
     wgmma_fence();
-    gemm_nt(sp, sQ, sK);
-    gemm_nt(dp, sDO, sV);
+    bwd_wide_gemm_nt<T, kNK>(sp, sQ, sK + kNK * c * T::kRowBytes);
+    bwd_wide_gemm_nt<T, kNK>(dp, sDO, sV + kNK * c * T::kRowBytes);
 
     // 16-bit fragments of an m64n48 accumulator, 16 keys (two n8 blocks) per x4: r = 0: block 2j rows g;
     // 1: block 2j rows g+8; 2, 3: block 2j+1. stmatrix (not transposed) stores them as [query][key]:
@@ -1731,28 +1831,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fence_regs(sp);
     const uint32_t sLse = base + T::kLseOff + s * kBM * 4 + row_lo * 4;
     const uint32_t sDsum = base + T::kDsumOff + s * kBM * 4 + row_lo * 4;
-    {
-      float lse[2];
-      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(lse[0]) : "r"(sLse));
-      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(lse[1]) : "r"(sLse + 32));
-      // Element (i, e) is key key_lo + 8i + (e & 1) of row h = e >> 1: visible iff 8i + (e & 1) <= last[h]
-      // (key < Sk, and causal key <= query + Sk - Sq), so that the masks compare immediates.
-      int last[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        int64_t l = int64_t(p.seqlen_k) - 1 - key_lo;
-        if (p.causal) l = min(l, int64_t(q0) + row_lo + 8 * h + causal_shift - key_lo);
-        last[h] = static_cast<int>(max(min(l, int64_t(kNK)), int64_t(-1)));
-      }
-#pragma unroll
-      for (int i = 0; i < kNK / 8; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = exp2f(sp[4 * i + e] * p.scale_log2 - lse[e >> 1]);
-          sp[4 * i + e] = 8 * i + (e & 1) <= last[e >> 1] ? x : 0.f;  // P from here on
-        }
-      }
-    }
+    bwd_wide_probs<kNK>(sp, p, sLse, q0, row_lo, key_lo, causal_shift);  // P from here on
     store(sP, sp);
     fence_proxy_async_smem();
     // This consumer's keys of P written (it alone reads them).
@@ -1772,13 +1851,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     wgmma_wait<1>();  // dP done (dV may still run)
     fence_regs(dp);
-    {
-      float dsum[2];
-      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(dsum[0]) : "r"(sDsum));
-      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(dsum[1]) : "r"(sDsum + 32));
-#pragma unroll
-      for (int i = 0; i < kNK / 2; ++i) dp[i] = sp[i] * (dp[i] - dsum[(i >> 1) & 1]);  // dS
-    }
+    bwd_wide_dsoftmax<kNK>(dp, sp, sDsum);  // dS
     store(sDS, dp);
     fence_proxy_async_smem();
     named_bar_sync<1, 256>();  // both consumers' keys of dS written
@@ -1827,7 +1900,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       fence_regs(acc_dk[r]);
     }
     // Every read of this stage's Q, dO, lse, D is done: hand it back to the producer.
-    mbar_arrive(bar_empty(s));
+    mbar_arrive(bars.empty(s));
   }
 
   // dK^T * scale and dV^T through shared memory into [key][column] rows, then 16-byte stores. Consumer c
@@ -1857,20 +1930,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     if (c == 0) named_bar_sync<2, 128>();
     else named_bar_sync<3, 128>();
-    Elem* gout = static_cast<Elem*>(out) + int64_t(b) * batch_stride + int64_t(hk) * head_stride;
-    constexpr int kChunks = kD / 8;  // 16-byte chunks of a row
-#pragma unroll 1
-    for (int idx = ctid; idx < kNK * kChunks; idx += 128) {
-      const int key = idx / kChunks, col = 8 * (idx % kChunks);
-      const int gkey = key0 + kNK * c + key;
-      if (gkey < p.seqlen_k && col < p.headdim) {
-        uint32_t v0, v1, v2, v3;
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
-                     : "r"(sOut + key * kOutRow + col * 2));
-        *reinterpret_cast<uint4*>(gout + int64_t(gkey) * row_stride + col) = make_uint4(v0, v1, v2, v3);
-      }
-    }
+    bwd_wide_copy_out<Elem, kD, kNK, 128, kOutRow>(
+        sOut, static_cast<Elem*>(out) + int64_t(b) * batch_stride + int64_t(hk) * head_stride, key0 + kNK * c, ctid, p,
+        row_stride);
     if (c == 0) named_bar_sync<2, 128>();  // the rows are read before the next tensor's overwrite them
     else named_bar_sync<3, 128>();
   };
@@ -1919,10 +1981,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = base + T::kKOff, sV = base + T::kVOff, sDO = base + T::kDOOff;
-  const uint32_t bar_kv = base + T::kBarOff;
-  auto bar_full = [&](int s) { return bar_kv + 8u * (1 + s); };
-  auto bar_empty = [&](int s) { return bar_kv + 8u * (1 + T::kStages + s); };
-  const uint32_t bar_do_full = bar_kv + 8u * (1 + 2 * T::kStages), bar_do_empty = bar_do_full + 8u;
+  const BwdWideKeysBars<T> bars{base + T::kBarOff};
 
   const BwdBlock block = bwd_block<T>(p);
   const int n_block = block.n_block, hk = block.hk, b = block.b;
@@ -1933,52 +1992,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  if (tid == 0) {
-    tma_prefetch_desc(&tm_q);
-    tma_prefetch_desc(&tm_k);
-    tma_prefetch_desc(&tm_v);
-    tma_prefetch_desc(&tm_do);
-    mbar_init(bar_kv, 1);
-    for (int s = 0; s < T::kStages; ++s) {
-      mbar_init(bar_full(s), 1);
-      mbar_init(bar_empty(s), T::kThreads - 128);  // one arrival per consumer thread
-    }
-    mbar_init(bar_do_full, 1);
-    mbar_init(bar_do_empty, T::kThreads - 128);
-    mbar_init_fence();
-  }
+  if (tid == 0) bwd_wide_keys_init<T>(&tm_q, &tm_k, &tm_v, &tm_do, bars);
   __syncthreads();
 
   if (wg == 0) {
-    // ------------------------------------------------------------ producer: K, V once; per step Q, lse, D into
-    // a ring of two stages and dO into its one stage.
     setmaxnreg_dec<T::kProducerRegs>();
-    if (tid == 0 && total > 0) {
-      mbar_arrive_expect_tx(bar_kv, 2 * T::kKVTile);
-      for (int h = 0; h < T::kDBlocks; ++h) {
-        tma_load_4d(&tm_k, sK + h * T::kKVBlock, bar_kv, T::kColBlock * h, key0, hk, b);
-        tma_load_4d(&tm_v, sV + h * T::kKVBlock, bar_kv, T::kColBlock * h, key0, hk, b);
-      }
-      for (int it = 0; it < total; ++it) {
-        const int s = it % T::kStages;
-        const uint32_t use = it / T::kStages;
-        if (use > 0) mbar_wait(bar_empty(s), (use - 1) & 1);
-        const int hq = hk * p.head_ratio + it / per_head;
-        const int m = m_first + it % per_head;
-        const uint32_t full = bar_full(s);
-        mbar_arrive_expect_tx(full, T::kQTile + 2 * kBM * 4);
-        const uint32_t sQ = base + T::kQOff + s * T::kQTile;
-        for (int h = 0; h < T::kDBlocks; ++h) tma_load_4d(&tm_q, sQ + h * T::kQBlock, full, T::kColBlock * h, m * kBM, hq, b);
-        // The workspaces are padded to kBwdSeqQPad rows: the whole tile is in bounds.
-        const int64_t row = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + int64_t(m) * kBM;
-        bulk_load(base + T::kLseOff + s * kBM * 4, p.lse_log2 + row, kBM * 4, full);
-        bulk_load(base + T::kDsumOff + s * kBM * 4, p.dsum + row, kBM * 4, full);
-        if (it > 0) mbar_wait(bar_do_empty, (it - 1) & 1);
-        mbar_arrive_expect_tx(bar_do_full, T::kQTile);
-        for (int h = 0; h < T::kDBlocks; ++h)
-          tma_load_4d(&tm_do, sDO + h * T::kQBlock, bar_do_full, T::kColBlock * h, m * kBM, hq, b);
-      }
-    }
+    if (tid == 0 && total > 0)
+      bwd_wide_keys_producer<T>(&tm_q, &tm_k, &tm_v, &tm_do, p, base, bars, key0, hk, b, m_first, per_head, total);
     return;
   }
 
@@ -1997,7 +2017,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kBN / 2; ++i) acc_dv[r][i] = acc_dk[r][i] = 0.f;
 
-  if (total > 0) mbar_wait(bar_kv, 0);
+  if (total > 0) mbar_wait(bars.kv, 0);
   const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
 
   for (int it = 0; it < total; ++it) {
@@ -2008,26 +2028,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const uint32_t sQ = base + T::kQOff + s * T::kQTile;
     const uint32_t sP = base + T::kPOff + (it & 1) * T::kPBlock, sDS = base + T::kDSOff + (it & 1) * T::kPBlock;
 
-    // S = Q K_c^T and dP = dO V_c^T over D (K-major both): A = the 64 rows of Q or dO, B = rows
-    // 40c .. 40c+39 of K or V (five atoms into each column block).
-    auto gemm_nt = [&](float (&acc)[kNK / 2], uint32_t sA, uint32_t sB) {
-      constexpr int kSteps = T::kColBlock / 16;
-#pragma unroll
-      for (int k = 0; k < kD / 16; ++k) {
-        const uint32_t koff = (k % kSteps) * 32;
-        wgmma_ss<T::kBf16, kNK, 0>(
-            acc, bwd_tile_desc<T::kRowBytes>(sA + (k / kSteps) * T::kQBlock + koff, 16),
-            bwd_tile_desc<T::kRowBytes>(sB + (k / kSteps) * T::kKVBlock + kNK * c * T::kRowBytes + koff, 16), k > 0);
-      }
-      wgmma_commit();
-    };
+    // S = Q K_c^T and dP = dO V_c^T: B = rows 40c .. 40c+39 of K or V (five atoms into each column block).
     float sp[kNK / 2], dp[kNK / 2];
-    mbar_wait(bar_full(s), (it / T::kStages) & 1);
+    mbar_wait(bars.full(s), (it / T::kStages) & 1);
     wgmma_fence();
-    gemm_nt(sp, sQ, sK);
-    mbar_wait(bar_do_full, it & 1);
+    bwd_wide_gemm_nt<T, kNK>(sp, sQ, sK + kNK * c * T::kRowBytes);
+    mbar_wait(bars.do_full(), it & 1);
     wgmma_fence();  // the wait's loop would have ptxas inject one
-    gemm_nt(dp, sDO, sV);
+    bwd_wide_gemm_nt<T, kNK>(dp, sDO, sV + kNK * c * T::kRowBytes);
 
     // An m64n40 accumulator as [query][key]: n8 block i (keys 40c + 8i ..) is the 16-byte chunk (5c + i) % 2 of
     // the 32-byte rows of 16-key block (40c + 8i) / 16 (32B swizzle: chunk ^= bit 2 of the row); stmatrix.x2:
@@ -2048,28 +2056,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fence_regs(sp);
     const uint32_t sLse = base + T::kLseOff + s * kBM * 4 + row_lo * 4;
     const uint32_t sDsum = base + T::kDsumOff + s * kBM * 4 + row_lo * 4;
-    {
-      float lse[2];
-      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(lse[0]) : "r"(sLse));
-      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(lse[1]) : "r"(sLse + 32));
-      // Element (i, e) is key key_lo + 8i + (e & 1) of row h = e >> 1: visible iff 8i + (e & 1) <= last[h]
-      // (key < Sk, and causal key <= query + Sk - Sq), so that the masks compare immediates.
-      int last[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        int64_t l = int64_t(p.seqlen_k) - 1 - key_lo;
-        if (p.causal) l = min(l, int64_t(q0) + row_lo + 8 * h + causal_shift - key_lo);
-        last[h] = static_cast<int>(max(min(l, int64_t(kNK)), int64_t(-1)));
-      }
-#pragma unroll
-      for (int i = 0; i < kNK / 8; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = exp2f(sp[4 * i + e] * p.scale_log2 - lse[e >> 1]);
-          sp[4 * i + e] = 8 * i + (e & 1) <= last[e >> 1] ? x : 0.f;  // P from here on
-        }
-      }
-    }
+    bwd_wide_probs<kNK>(sp, p, sLse, q0, row_lo, key_lo, causal_shift);  // P from here on
     store(sP, sp);
     fence_proxy_async_smem();
     named_bar_sync<2, 256>();  // both consumers' keys of P written
@@ -2087,13 +2074,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     wgmma_wait<1>();  // dP done (dV may still run)
     fence_regs(dp);
-    {
-      float dsum[2];
-      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(dsum[0]) : "r"(sDsum));
-      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(dsum[1]) : "r"(sDsum + 32));
-#pragma unroll
-      for (int i = 0; i < kNK / 2; ++i) dp[i] = sp[i] * (dp[i] - dsum[(i >> 1) & 1]);  // dS
-    }
+    bwd_wide_dsoftmax<kNK>(dp, sp, sDsum);  // dS
     store(sDS, dp);
     fence_proxy_async_smem();
     named_bar_sync<1, 256>();  // both consumers' keys of dS written
@@ -2139,7 +2120,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma_commit();
     wgmma_wait<1>();  // dV and the first dQ slice done (dK may still run)
     fence_regs(dq);
-    mbar_arrive(bar_do_empty);  // this consumer's reads of dO (dP, dV) are done
+    mbar_arrive(bars.do_empty());  // this consumer's reads of dO (dP, dV) are done
     add_dq(0);
     wgmma_fence();  // the adds read dq before the next slice overwrites it
     issue_dq(1);
@@ -2152,7 +2133,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       fence_regs(acc_dk[r]);
     }
     // Every read of this stage's Q, lse, D is done: hand it back to the producer.
-    mbar_arrive(bar_empty(s));
+    mbar_arrive(bars.empty(s));
   }
 
   // dK^T * scale and dV^T through shared memory into [key][column] rows, then 16-byte stores. Once both consumers
@@ -2187,20 +2168,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   stage_out(acc_dv, 1.f, sOutV);
   named_bar_sync<1, 256>();
   auto write_out = [&](uint32_t sOut, void* out, int64_t batch_stride, int64_t head_stride, int64_t row_stride) {
-    Elem* gout = static_cast<Elem*>(out) + int64_t(b) * batch_stride + int64_t(hk) * head_stride;
-    constexpr int kChunks = kD / 8;  // 16-byte chunks of a row
-#pragma unroll 1
-    for (int idx = ctid; idx < kBN * kChunks; idx += 256) {
-      const int key = idx / kChunks, col = 8 * (idx % kChunks);
-      const int gkey = key0 + key;
-      if (gkey < p.seqlen_k && col < p.headdim) {
-        uint32_t v0, v1, v2, v3;
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
-                     : "r"(sOut + key * kOutRow + col * 2));
-        *reinterpret_cast<uint4*>(gout + int64_t(gkey) * row_stride + col) = make_uint4(v0, v1, v2, v3);
-      }
-    }
+    bwd_wide_copy_out<Elem, kD, kBN, 256, kOutRow>(
+        sOut, static_cast<Elem*>(out) + int64_t(b) * batch_stride + int64_t(hk) * head_stride, key0, ctid, p,
+        row_stride);
   };
   write_out(sOutK, p.dk, p.dk_batch_stride, p.dk_head_stride, p.dk_row_stride);
   write_out(sOutV, p.dv, p.dv_batch_stride, p.dv_head_stride, p.dv_row_stride);
