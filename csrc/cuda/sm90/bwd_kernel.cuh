@@ -1643,6 +1643,39 @@ __device__ __forceinline__ void bwd_wide_keys_producer(const CUtensorMap* tm_q, 
   }
 }
 
+// The work of a CTA of the B_c = 96 and 80 kernels: its key tile, kv head and batch, and its steps (query head of
+// the group, query tile): query tiles m_first .. m_first + per_head - 1 of each query head, total in all.
+struct BwdWideKeysWork {
+  int hk, b, key0, m_first, per_head, total;
+};
+
+template <class T>
+__device__ __forceinline__ BwdWideKeysWork bwd_wide_keys_work(const BwdParams& p) {
+  const BwdBlock block = bwd_block<T>(p);
+  BwdWideKeysWork w{block.hk, block.b, block.n_block * T::kBlockN, 0, 0, 0};
+  bwd_query_tiles<T>(p, w.key0, p.seqlen_q, p.seqlen_k, w.m_first, w.per_head);
+  w.total = w.per_head * p.head_ratio;
+  return w;
+}
+
+// The start of the B_c = 96 and 80 kernels: barriers initialised, then the producer warpgroup (warpgroup 0) gives
+// up registers and its thread 0 runs the loads. True in the producer warpgroup, which then has nothing left to do.
+template <class T>
+__device__ __forceinline__ bool bwd_wide_keys_start(const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                                    const CUtensorMap* tm_v, const CUtensorMap* tm_do,
+                                                    const BwdParams& p, uint32_t base, const BwdWideKeysBars<T>& bars,
+                                                    const BwdWideKeysWork& w) {
+  const int tid = threadIdx.x;
+  if (tid == 0) bwd_wide_keys_init<T>(tm_q, tm_k, tm_v, tm_do, bars);
+  __syncthreads();
+  if (tid >= 128) return false;
+  setmaxnreg_dec<T::kProducerRegs>();
+  if (tid == 0 && w.total > 0)
+    bwd_wide_keys_producer<T>(tm_q, tm_k, tm_v, tm_do, p, base, bars, w.key0, w.hk, w.b, w.m_first, w.per_head,
+                              w.total);
+  return true;
+}
+
 // S = Q K_c^T or dP = dO V_c^T over D (K-major both): A = the step's 64 rows of Q or dO at sA, B = kN rows of K or
 // V at sB (in each column block: the caller's first row), in column blocks kQBlock / kKVBlock apart; committed.
 template <class T, int kN>
@@ -1751,24 +1784,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const uint32_t sK = base + T::kKOff, sV = base + T::kVOff;
   const BwdWideKeysBars<T> bars{base + T::kBarOff};
 
-  const BwdBlock block = bwd_block<T>(p);
-  const int n_block = block.n_block, hk = block.hk, b = block.b;
-  const int key0 = n_block * kBN;
-  int m_first, per_head;  // query tiles m_first .. m_first + per_head - 1 of each query head
-  bwd_query_tiles<T>(p, key0, p.seqlen_q, p.seqlen_k, m_first, per_head);
-  const int total = per_head * p.head_ratio;  // steps: (query head of the group, query tile)
-
+  const BwdWideKeysWork work = bwd_wide_keys_work<T>(p);
+  const int hk = work.hk, b = work.b, key0 = work.key0, m_first = work.m_first, per_head = work.per_head;
+  const int total = work.total;
+  if (bwd_wide_keys_start<T>(&tm_q, &tm_k, &tm_v, &tm_do, p, base, bars, work)) return;  // the producer's part
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  if (tid == 0) bwd_wide_keys_init<T>(&tm_q, &tm_k, &tm_v, &tm_do, bars);
-  __syncthreads();
-
-  if (wg == 0) {
-    setmaxnreg_dec<T::kProducerRegs>();
-    if (tid == 0 && total > 0)
-      bwd_wide_keys_producer<T>(&tm_q, &tm_k, &tm_v, &tm_do, p, base, bars, key0, hk, b, m_first, per_head, total);
-    return;
-  }
 
   // -------------------------------------------------------------- consumer
   setmaxnreg_inc<T::kConsumerRegs>();
@@ -1983,24 +2004,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const uint32_t sK = base + T::kKOff, sV = base + T::kVOff, sDO = base + T::kDOOff;
   const BwdWideKeysBars<T> bars{base + T::kBarOff};
 
-  const BwdBlock block = bwd_block<T>(p);
-  const int n_block = block.n_block, hk = block.hk, b = block.b;
-  const int key0 = n_block * kBN;
-  int m_first, per_head;  // query tiles m_first .. m_first + per_head - 1 of each query head
-  bwd_query_tiles<T>(p, key0, p.seqlen_q, p.seqlen_k, m_first, per_head);
-  const int total = per_head * p.head_ratio;  // steps: (query head of the group, query tile)
-
+  const BwdWideKeysWork work = bwd_wide_keys_work<T>(p);
+  const int hk = work.hk, b = work.b, key0 = work.key0, m_first = work.m_first, per_head = work.per_head;
+  const int total = work.total;
+  if (bwd_wide_keys_start<T>(&tm_q, &tm_k, &tm_v, &tm_do, p, base, bars, work)) return;  // the producer's part
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  if (tid == 0) bwd_wide_keys_init<T>(&tm_q, &tm_k, &tm_v, &tm_do, bars);
-  __syncthreads();
-
-  if (wg == 0) {
-    setmaxnreg_dec<T::kProducerRegs>();
-    if (tid == 0 && total > 0)
-      bwd_wide_keys_producer<T>(&tm_q, &tm_k, &tm_v, &tm_do, p, base, bars, key0, hk, b, m_first, per_head, total);
-    return;
-  }
 
   // -------------------------------------------------------------- consumer
   setmaxnreg_inc<T::kConsumerRegs>();
