@@ -5,6 +5,9 @@ conversion, torch's own fills and copies) the time goes to.
     python3 tools/probes/kernel_breakdown.py --direction backward --headdim 128 --seqlens 1024 16384 --causal
     python3 tools/probes/kernel_breakdown.py --direction forward --headdim 64 --seqlens 1024 --causal \
         --configs NAME [NAME ...]   # also these configs (of the direction's family), next to the policy's pick
+    python3 tools/probes/kernel_breakdown.py --direction forward+backward --seqlens 1024 --causal
+        # a training step's call (the benchmark's fwd+bwd): idle time between the forward and the backward shows
+        # as wall - kernels
 
 Same shapes as the benchmark: batch x seqlen = 32768 tokens, 2048 / headdim query heads.
 """
@@ -45,7 +48,7 @@ def named_backward_runner(case, config):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--direction", choices=("forward", "backward"), default="backward")
+    parser.add_argument("--direction", choices=("forward", "backward", "forward+backward"), default="backward")
     parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     parser.add_argument("--headdim", type=int, default=128)
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
@@ -54,7 +57,7 @@ def main():
     parser.add_argument("--configs", nargs="*", default=[],
                         help="flashop kernel configs to time as well, next to the policy's pick")
     args = parser.parse_args()
-    mode = {"forward": "fwd", "backward": "bwd"}[args.direction]
+    mode = {"forward": "fwd", "backward": "bwd", "forward+backward": "fwd+bwd"}[args.direction]
     for seqlen in args.seqlens:
         # The benchmark's case and runners: its inputs, and for bwd its forward run once beforehand.
         case = Case(args.dtype, args.headdim, seqlen, max(1, 32768 // seqlen), 2048 // args.headdim, args.causal, mode)
