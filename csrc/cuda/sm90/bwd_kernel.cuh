@@ -1695,6 +1695,22 @@ __device__ __forceinline__ BwdWideKeysWork bwd_wide_keys_work(const BwdParams& p
   return w;
 }
 
+// Step it of the walk (query head of the group, query tile): its Q stage, query head, first query, and its P and dS
+// buffers (two each, alternating).
+struct BwdWideKeysStep {
+  int s, hq, q0;
+  uint32_t sQ, sP, sDS;
+};
+
+template <class T>
+__device__ __forceinline__ BwdWideKeysStep bwd_wide_keys_step(const BwdParams& p, const BwdWideKeysWork& w,
+                                                              uint32_t base, int it) {
+  const int s = it % T::kStages;
+  return {s, w.hk * p.head_ratio + it / w.per_head, (w.m_first + it % w.per_head) * T::kBlockM,
+          base + T::kQOff + s * T::kQTile, base + T::kPOff + (it & 1) * T::kPBlock,
+          base + T::kDSOff + (it & 1) * T::kPBlock};
+}
+
 // The start of the B_c = 96 and 80 kernels: barriers initialised, then the producer warpgroup (warpgroup 0) gives
 // up registers and its thread 0 runs the loads. True in the producer warpgroup, which then has nothing left to do.
 template <class T>
@@ -1822,8 +1838,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const BwdWideKeysBars<T> bars{base + T::kBarOff};
 
   const BwdWideKeysWork work = bwd_wide_keys_work<T>(p);
-  const int hk = work.hk, b = work.b, key0 = work.key0, m_first = work.m_first, per_head = work.per_head;
-  const int total = work.total;
+  const int hk = work.hk, b = work.b, key0 = work.key0, total = work.total;
   if (bwd_wide_keys_start<T>(&tm_q, &tm_k, &tm_v, &tm_do, p, base, bars, work)) return;  // the producer's part
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -1849,12 +1864,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
 
   for (int it = 0; it < total; ++it) {
-    const int s = it % T::kStages;
-    const int hq = hk * p.head_ratio + it / per_head;
-    const int m = m_first + it % per_head;
-    const int q0 = m * kBM;
-    const uint32_t sQ = base + T::kQOff + s * T::kQTile, sDO = base + T::kDOOff + s * T::kQTile;
-    const uint32_t sP = base + T::kPOff + (it & 1) * T::kPBlock, sDS = base + T::kDSOff + (it & 1) * T::kPBlock;
+    const BwdWideKeysStep step = bwd_wide_keys_step<T>(p, work, base, it);
+    const int s = step.s, hq = step.hq, q0 = step.q0;
+    const uint32_t sQ = step.sQ, sP = step.sP, sDS = step.sDS, sDO = base + T::kDOOff + s * T::kQTile;
     mbar_wait(bars.full(s), (it / T::kStages) & 1);
 
     // S = Q K_c^T and dP = dO V_c^T: B = rows 48c .. 48c+47 of K or V (six atoms into each column block).
@@ -2042,8 +2054,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const BwdWideKeysBars<T> bars{base + T::kBarOff};
 
   const BwdWideKeysWork work = bwd_wide_keys_work<T>(p);
-  const int hk = work.hk, b = work.b, key0 = work.key0, m_first = work.m_first, per_head = work.per_head;
-  const int total = work.total;
+  const int hk = work.hk, b = work.b, key0 = work.key0, total = work.total;
   if (bwd_wide_keys_start<T>(&tm_q, &tm_k, &tm_v, &tm_do, p, base, bars, work)) return;  // the producer's part
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -2067,12 +2078,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
 
   for (int it = 0; it < total; ++it) {
-    const int s = it % T::kStages;
-    const int hq = hk * p.head_ratio + it / per_head;
-    const int m = m_first + it % per_head;
-    const int q0 = m * kBM;
-    const uint32_t sQ = base + T::kQOff + s * T::kQTile;
-    const uint32_t sP = base + T::kPOff + (it & 1) * T::kPBlock, sDS = base + T::kDSOff + (it & 1) * T::kPBlock;
+    const BwdWideKeysStep step = bwd_wide_keys_step<T>(p, work, base, it);
+    const int s = step.s, hq = step.hq, q0 = step.q0;
+    const uint32_t sQ = step.sQ, sP = step.sP, sDS = step.sDS;
 
     // S = Q K_c^T and dP = dO V_c^T: B = rows 40c .. 40c+39 of K or V (five atoms into each column block).
     float sp[kNK / 2], dp[kNK / 2];
