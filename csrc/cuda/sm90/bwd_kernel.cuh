@@ -1781,6 +1781,28 @@ __device__ __forceinline__ void bwd_wide_dsoftmax(float (&dp)[kN / 2], const flo
   for (int i = 0; i < kN / 2; ++i) dp[i] = sp[i] * (dp[i] - dsum[(i >> 1) & 1]);
 }
 
+// dK^T or dV^T (kMT m64 tiles of columns col0 + 64r .., kN keys) times scale into [key][column] rows at sOut
+// (kOutRow bytes apart), by stmatrix.x4.trans of 16 keys (n8 blocks 2j, 2j+1) x 16 columns: matrix mi holds columns
+// col0 + 64r + 16 warp + 8 (mi % 2) .. +7 of keys 16j + 8 (mi / 2) .. +7, row lane % 8 of it from this lane.
+template <class T, int kMT, int kN, uint32_t kOutRow>
+__device__ __forceinline__ void bwd_wide_stage_transposed(const float (&acc)[kMT][kN / 2], float scale, uint32_t sOut,
+                                                          int col0, int warp, int lane) {
+  const int mi = lane / 8;
+#pragma unroll
+  for (int r = 0; r < kMT; ++r)
+#pragma unroll
+    for (int j = 0; j < kN / 16; ++j) {
+      uint32_t fr[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int idx = 4 * (2 * j + k / 2) + 2 * (k % 2);
+        fr[k] = pack2<T::kBf16>(acc[r][idx] * scale, acc[r][idx + 1] * scale);
+      }
+      const int key = 16 * j + 8 * (mi / 2) + lane % 8;
+      stmatrix_x4_trans(sOut + key * kOutRow + (col0 + 64 * r + 16 * warp + 8 * (mi % 2)) * 2, fr);
+    }
+}
+
 // kRows rows of dK or dV staged [key][column] at sOut (kOutRow bytes apart) into gout rows first_key .., 16 bytes
 // per thread and turn over kThreads threads (thread index idx0); rows past Sk and columns past the head dimension
 // are not written.
@@ -1982,22 +2004,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const uint32_t sOut = base + (c == 0 ? T::kQOff : T::kDOOff) + (total % 2) * T::kQTile;
   auto write_out = [&](const float (&acc)[kMT][kNK / 2], float scale, void* out, int64_t batch_stride,
                        int64_t head_stride, int64_t row_stride) {
-    // stmatrix.x4.trans of 16 keys (n8 blocks 2j, 2j+1) x 16 columns of m64 tile r: matrix mi holds columns
-    // 64r + 16 warp + 8 (mi % 2) .. +7 of keys 16j + 8 (mi / 2) .. +7, row lane % 8 of it from this lane.
-    const int mi = lane / 8;
-#pragma unroll
-    for (int r = 0; r < kMT; ++r)
-#pragma unroll
-      for (int j = 0; j < kSB; ++j) {
-        uint32_t fr[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int idx = 4 * (2 * j + k / 2) + 2 * (k % 2);
-          fr[k] = pack2<T::kBf16>(acc[r][idx] * scale, acc[r][idx + 1] * scale);
-        }
-        const int key = 16 * j + 8 * (mi / 2) + lane % 8;
-        stmatrix_x4_trans(sOut + key * kOutRow + (64 * r + 16 * warp + 8 * (mi % 2)) * 2, fr);
-      }
+    bwd_wide_stage_transposed<T, kMT, kNK, kOutRow>(acc, scale, sOut, 0, warp, lane);
     if (c == 0) named_bar_sync<2, 128>();
     else named_bar_sync<3, 128>();
     bwd_wide_copy_out<Elem, kD, kNK, 128, kOutRow>(
@@ -2200,26 +2207,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                 "dK and dV rows fit the Q and dO stages");
   named_bar_sync<1, 256>();
   const uint32_t sOutK = base + T::kQOff, sOutV = sOutK + kBN * kOutRow;
-  auto stage_out = [&](const float (&acc)[kMT][kBN / 2], float scale, uint32_t sOut) {
-    // stmatrix.x4.trans of 16 keys (n8 blocks 2j, 2j+1) x 16 columns of m64 tile r: matrix mi holds columns
-    // 128c + 64r + 16 warp + 8 (mi % 2) .. +7 of keys 16j + 8 (mi / 2) .. +7, row lane % 8 of it from this lane.
-    const int mi = lane / 8;
-#pragma unroll
-    for (int r = 0; r < kMT; ++r)
-#pragma unroll
-      for (int j = 0; j < kBN / 16; ++j) {
-        uint32_t fr[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int idx = 4 * (2 * j + k / 2) + 2 * (k % 2);
-          fr[k] = pack2<T::kBf16>(acc[r][idx] * scale, acc[r][idx + 1] * scale);
-        }
-        const int key = 16 * j + 8 * (mi / 2) + lane % 8;
-        stmatrix_x4_trans(sOut + key * kOutRow + (kH * c + 64 * r + 16 * warp + 8 * (mi % 2)) * 2, fr);
-      }
-  };
-  stage_out(acc_dk, p.scale, sOutK);
-  stage_out(acc_dv, 1.f, sOutV);
+  bwd_wide_stage_transposed<T, kMT, kBN, kOutRow>(acc_dk, p.scale, sOutK, kH * c, warp, lane);
+  bwd_wide_stage_transposed<T, kMT, kBN, kOutRow>(acc_dv, 1.f, sOutV, kH * c, warp, lane);
   named_bar_sync<1, 256>();
   auto write_out = [&](uint32_t sOut, void* out, int64_t batch_stride, int64_t head_stride, int64_t row_stride) {
     bwd_wide_copy_out<Elem, kD, kBN, 256, kOutRow>(
