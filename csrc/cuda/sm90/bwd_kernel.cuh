@@ -26,7 +26,8 @@
 //                   writer (cp.reduce.async.bulk.tensor; rows of 16-query groups paired, see bwd_dq_paired_row),
 //                   so that no consumer waits for the adds (the backward 1.01-1.07x at d64 and d128, H200);
 //                   D = 96: red.global.add.v2.f32. Into the fp32 accumulator, unscaled.
-// dK (times softmax_scale) and dV are written from registers at the end. GQA: the walk covers every
+// dK (times softmax_scale) and dV are written at the end, through the K and V tiles at D = 64 and 128 (16-byte
+// row stores), from registers at D = 96. GQA: the walk covers every
 // query head of the kv head's group, so dK/dV are summed over the group without atomics.
 // D = 96 tiles are 32-column blocks in the 64B swizzle, K 16-column blocks in the 32B swizzle
 // (Sm90BwdTraits::kColBlock, kKColBlock; 130 KiB).
@@ -990,19 +991,53 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   Elem* gdv = static_cast<Elem*>(p.dv) +
               (T::kPacked ? int64_t(seq.k_start) * p.dv_row_stride : int64_t(b) * p.dv_batch_stride) +
               int64_t(hk) * p.dv_head_stride;
+  const int len_k = T::kPacked ? seq.len_k : p.seqlen_k;  // rows written: the sequence's own
+  if constexpr (T::kColBlock == 64) {
+    // Through shared memory: this consumer's 64 rows of dK and dV into the K and V tiles (their own layout: 64-column
+    // blocks of 128-byte rows, 128B swizzle; conflict-free 4-byte stores), then 16-byte rows out, a half-warp per
+    // 256 bytes of a row, in place of 4-byte stores that each touch 8 rows. Both consumers' K reads (dQ takes all
+    // keys) are done before either overwrites it.
+    if constexpr (T::kConsumers > 1) named_bar_sync<1, 256>();
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = key_lo + 8 * h;
-    if (key < (T::kPacked ? seq.len_k : p.seqlen_k)) {
-      const bool live = !T::kPacked || key < seq.used_k;
+    for (int h = 0; h < 2; ++h) {
+      const int row = 64 * c + 16 * warp + g + 8 * h;  // of the tile
+      const bool live = !T::kPacked || key_lo + 8 * h < seq.used_k;
 #pragma unroll
       for (int i = 0; i < kD / 8; ++i) {
-        if (8 * i >= p.headdim) break;
-        const int col = 8 * i + 2 * t;
-        *reinterpret_cast<uint32_t*>(gdk + int64_t(key) * p.dk_row_stride + col) =
-            live ? pack2<T::kBf16>(acc_dk[4 * i + 2 * h] * p.scale, acc_dk[4 * i + 2 * h + 1] * p.scale) : 0u;
-        *reinterpret_cast<uint32_t*>(gdv + int64_t(key) * p.dv_row_stride + col) =
-            live ? pack2<T::kBf16>(acc_dv[4 * i + 2 * h], acc_dv[4 * i + 2 * h + 1]) : 0u;
+        const uint32_t off = (i / 8) * T::kKVBlock + row * 128 + (((i % 8) ^ (row % 8)) << 4) + 4 * t;
+        st_shared_b32(sK + off, live ? pack2<T::kBf16>(acc_dk[4 * i + 2 * h] * p.scale,
+                                                       acc_dk[4 * i + 2 * h + 1] * p.scale) : 0u);
+        st_shared_b32(sV + off, live ? pack2<T::kBf16>(acc_dv[4 * i + 2 * h], acc_dv[4 * i + 2 * h + 1]) : 0u);
+      }
+    }
+    if (c == 0) named_bar_sync<2, 128>();
+    else named_bar_sync<3, 128>();
+    constexpr int kChunks = kD / 8;  // 16-byte chunks of a row
+#pragma unroll
+    for (int j = 0; j < 64 * kChunks / 128; ++j) {
+      const int idx = j * 128 + ctid, chunk = idx % kChunks;
+      const int row = 64 * c + idx / kChunks, key = key0 + row;
+      if (key < len_k && 8 * chunk < p.headdim) {
+        const uint32_t off = (chunk / 8) * T::kKVBlock + row * 128 + (((chunk % 8) ^ (row % 8)) << 4);
+        *reinterpret_cast<uint4*>(gdk + int64_t(key) * p.dk_row_stride + 8 * chunk) = ld_shared_v4_b32(sK + off);
+        *reinterpret_cast<uint4*>(gdv + int64_t(key) * p.dv_row_stride + 8 * chunk) = ld_shared_v4_b32(sV + off);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = key_lo + 8 * h;
+      if (key < len_k) {
+        const bool live = !T::kPacked || key < seq.used_k;
+#pragma unroll
+        for (int i = 0; i < kD / 8; ++i) {
+          if (8 * i >= p.headdim) break;
+          const int col = 8 * i + 2 * t;
+          *reinterpret_cast<uint32_t*>(gdk + int64_t(key) * p.dk_row_stride + col) =
+              live ? pack2<T::kBf16>(acc_dk[4 * i + 2 * h] * p.scale, acc_dk[4 * i + 2 * h + 1] * p.scale) : 0u;
+          *reinterpret_cast<uint32_t*>(gdv + int64_t(key) * p.dv_row_stride + col) =
+              live ? pack2<T::kBf16>(acc_dv[4 * i + 2 * h], acc_dv[4 * i + 2 * h + 1]) : 0u;
+        }
       }
     }
   }
