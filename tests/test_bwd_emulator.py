@@ -3,7 +3,8 @@ math, fragment layouts and barriers checked against a float64 reference without 
 width and at head dimensions below it (NaN input columns past the head dimension, sentinel output
 columns, every cp.async source checked against the rows' true width), and with the attention variants
 (windows, softcap, ALiBi, an lse that carries sinks; deterministic mode with key tiles that skip query
-tiles), and packed batches (cu_seqlens, seqused: an empty sequence, tails, tiles cut by seqused). Needs g++ and the CUDA headers (for the half/bfloat16 types); skipped where they are absent."""
+tiles), and packed batches (cu_seqlens, seqused: an empty sequence, tails, tiles cut by seqused); and the dQ
+convert kernel in each accumulator order (rows, paired rows, the Hopper wide builds' fragment order). Needs g++ and the CUDA headers (for the half/bfloat16 types); skipped where they are absent."""
 import shutil
 import subprocess
 

@@ -100,6 +100,22 @@ struct BwdParams {
 // and rows stay in their 16-aligned group (query tiles start at multiples of 64).
 FLASHOP_HOST_DEVICE int bwd_dq_paired_row(int r) { return (r & ~15) | ((r & 7) << 1) | ((r >> 3) & 1); }
 
+// The order of the dQ accumulator's elements within a 64-query tile (each tile's 64 rows of W floats), written by
+// the main kernel and read back by the convert kernel:
+//   kRows        row-major;
+//   kPairedRows  rows of each 16-query group paired (bwd_dq_paired_row);
+//   kFragments   64-column slices of 4096 floats (the last 2048 where W % 64 = 32) in the register order of an m64n64 wgmma accumulator (the Hopper
+//                wide builds, D > 128): the four floats of a thread's n8 block (queries g and g + 8, columns 2t and
+//                2t + 1) are one float4, and a warp's 32 float4s 512 contiguous bytes (bwd_dq_fragment_offset).
+enum class BwdDQLayout { kRows, kPairedRows, kFragments };
+
+// kFragments: the offset of (query r, column col) of a tile, for consumer-thread 32 w + 4 g + t of the warpgroup
+// holding query 16 w + g + 8 h, columns 8 i + 2 t (+1) of n8 block i as registers 4 i + 2 h (+1).
+FLASHOP_HOST_DEVICE int bwd_dq_fragment_offset(int r, int col) {
+  const int w = r / 16, g = r % 8, h = (r / 8) % 2, i = (col % 64) / 8, t = (col % 8) / 2;
+  return (col / 64) * 4096 + (i * 128 + 32 * w + 4 * g + t) * 4 + 2 * h + col % 2;
+}
+
 FLASHOP_HOST_DEVICE int64_t bwd_ws_rows(int batch, int heads_q, int seqlen_q_rounded, int total_q) {
   return total_q >= 0 ? int64_t(heads_q) * bwd_packed_ws_rows(total_q, batch)
                       : int64_t(batch) * heads_q * seqlen_q_rounded;

@@ -411,6 +411,58 @@ bool run_suite(const char* name, bool quick, bool packed_only) {
   return ok;
 }
 
+// The convert kernel in each accumulator order (BwdDQLayout, bwd_params.h): an accumulator filled in that order
+// from known values (the padding rows a large sentinel), converted, and compared element by element; the output's
+// columns past the head dimension keep their sentinel.
+template <class Cfg, BwdDQLayout kLayout>
+bool run_convert_case(int B, int Sq, int Hq, int hd, unsigned seed) {
+  using Elem = typename sm80::bwd::ElemOf<Cfg::kDType>::type;
+  constexpr int W = Cfg::kHeadDim;
+  const int Sq_r = bwd_round_up(Sq, kBwdSeqQPad), Do = hd + 8;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> acc(size_t(B) * Hq * Sq_r * W, 1e30f), ref(size_t(B) * Sq * Hq * W);
+  for (auto& x : ref) x = nd(rng);
+  for (int b = 0; b < B; ++b) for (int h = 0; h < Hq; ++h) for (int r = 0; r < Sq; ++r) for (int col = 0; col < W; ++col) {
+    const size_t ws = (size_t(b) * Hq + h) * Sq_r;
+    const size_t at = kLayout == BwdDQLayout::kFragments ? (ws + r / 64 * 64) * W + bwd_dq_fragment_offset(r % 64, col)
+                      : kLayout == BwdDQLayout::kPairedRows ? (ws + bwd_dq_paired_row(r)) * W + col
+                                                           : (ws + r) * W + col;
+    acc[at] = ref[((size_t(b) * Sq + r) * Hq + h) * W + col];
+  }
+  const Elem sentinel = from_f<Elem>(-7.f);
+  std::vector<Elem> dq(size_t(B) * Sq * Hq * Do, sentinel);
+  BwdParams p{};
+  p.dq = dq.data(); p.dq_accum = acc.data();
+  p.dq_batch_stride = int64_t(Sq) * Hq * Do; p.dq_row_stride = int64_t(Hq) * Do; p.dq_head_stride = Do;
+  p.batch = B; p.seqlen_q = Sq; p.seqlen_k = 1; p.seqlen_q_rounded = Sq_r; p.heads_q = Hq; p.heads_k = Hq;
+  p.head_ratio = 1; p.headdim = hd; p.scale = 0.375f;
+  const sm80::bwd::BwdGrids g = sm80::bwd::bwd_grids<Cfg, kLayout>(p);
+  emu::launch(emu::Dim3{g.conv[0], g.conv[1], g.conv[2]}, sm80::bwd::kAuxThreads, 0,
+              [&] { sm80::bwd::bwd_convert_dq_kernel<Cfg, kLayout>(p); });
+  int bad = 0;
+  for (int b = 0; b < B; ++b) for (int r = 0; r < Sq; ++r) for (int h = 0; h < Hq; ++h) for (int d = 0; d < Do; ++d) {
+    const float got = to_f(dq[((size_t(b) * Sq + r) * Hq + h) * Do + d]);
+    const float want = d < hd ? to_f(from_f<Elem>(ref[((size_t(b) * Sq + r) * Hq + h) * W + d] * p.scale)) : -7.f;
+    if (got != want && bad++ < 5) printf("  FAIL convert: b=%d row=%d h=%d col=%d: %g, expected %g\n", b, r, h, d, got, want);
+  }
+  printf(" convert layout %d W=%d Sq=%d headdim=%d: %s\n", int(kLayout), W, Sq, hd, bad ? "FAIL" : "ok");
+  return bad == 0;
+}
+
+template <class Cfg>
+bool run_convert_suite(unsigned seed) {
+  constexpr int W = Cfg::kHeadDim;
+  bool ok = true;
+  for (int Sq : {1, 77, 200}) {
+    ok &= run_convert_case<Cfg, BwdDQLayout::kRows>(2, Sq, 2, W - 8, seed++);
+    ok &= run_convert_case<Cfg, BwdDQLayout::kPairedRows>(2, Sq, 2, W - 8, seed++);
+    ok &= run_convert_case<Cfg, BwdDQLayout::kFragments>(2, Sq, 2, W, seed++);
+    ok &= run_convert_case<Cfg, BwdDQLayout::kFragments>(1, Sq, 3, W - 24, seed++);
+  }
+  return ok;
+}
+
 int main(int argc, char** argv) {
   std::string which = argc > 1 ? argv[1] : "all";
   bool eager = argc > 2 && std::string(argv[2]) == "eager";
@@ -460,6 +512,12 @@ int main(int argc, char** argv) {
        kBwdFlagDPEarly | kBwdFlagDQEarly | kBwdFlagPrefetchS)
   CASE("bf16.d224.br64.bc64.w8.q1.dpe.dqe", DType::kBf16, 224, 64, 64, 8,
        kBwdFlagSingleBuffer | kBwdFlagDPEarly | kBwdFlagDQEarly)
+  if (which == "all" || which == "convert") {
+    ok &= run_convert_suite<BwdConfig<DType::kBf16, 256, 64, 64, 8, 0>>(7);
+    ok &= run_convert_suite<BwdConfig<DType::kFp16, 128, 128, 64, 8, 0>>(11);
+    ok &= run_convert_suite<BwdConfig<DType::kBf16, 160, 64, 64, 8, 0>>(13);  // a half-width last column slice
+    ++suites;
+  }
   if (suites == 0) {  // an unknown config name must not pass by testing nothing
     printf("no config named %s\n", which.c_str());
     return 2;

@@ -973,42 +973,68 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(Cfg::kThreads, 1) bwd_main_k
 }
 
 // ---------------------------------------------------------------------------
-// 3. dq = scale * dq_accum, in dtype. Grid (ceil(Sq * D/8 / 256), heads_q, batch): one thread per
-// 16-byte chunk of a D-wide accumulator row; chunks past the true head dimension have nothing to do.
-// kPairedRows: the accumulator rows of each 16-query group are in the order the Hopper kernel's dQ boxes
-// have (bwd_dq_paired_row: queries r and r + 8 side by side), else in query order.
-template <class Cfg, bool kPairedRows = false>
+// 3. dq = scale * dq_accum, in dtype. Grid (bwd_convert_units * D/8 / 256 rounded up, heads_q, batch): one
+// thread per 16-byte chunk of a row (kRows, kPairedRows: the accumulator's order, bwd_params.h) or of the two
+// rows r, r + 8 whose floats a kFragments float4 interleaves (64 contiguous bytes a thread); chunks past the
+// true head dimension have nothing to do.
+template <BwdDQLayout kLayout>
+FLASHOP_HOST_DEVICE int64_t bwd_convert_units(int seqlen_q) {
+  return kLayout == BwdDQLayout::kFragments ? int64_t(seqlen_q + 63) / 64 * 32 : seqlen_q;
+}
+
+template <class Cfg, BwdDQLayout kLayout = BwdDQLayout::kRows>
 FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_convert_dq_kernel(const BwdParams p) {
   using Elem = typename ElemOf<Cfg::kDType>::type;
   constexpr int D = Cfg::kHeadDim;
   constexpr int kCPR = D / 8;
+  constexpr bool kFragments = kLayout == BwdDQLayout::kFragments;
   const int idx = block_x() * kAuxThreads + thread_x();
-  const int row = idx / kCPR, c = idx % kCPR;
+  const int unit = idx / kCPR, c = idx % kCPR;
+  // The thread's first row; kFragments: unit = 32 tile + 8 w + g, rows 64 tile + 16 w + g and + 8.
+  const int row0 = kFragments ? 64 * (unit / 32) + 16 * (unit % 32 / 8) + unit % 8 : unit;
   const int hq = block_y(), b = block_z();
   // Packed: the rows sequence b owns, from q_start; rows past seqused_q get zeros.
-  int q_len = p.seqlen_q, q_start = 0;
+  int q_len = p.seqlen_q, q_start = 0, q_used = p.seqlen_q;
   int64_t ws = (int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded;
-  float s = p.scale;
   if (p.packed.packed()) {
     const SequenceBounds sq = sequence_bounds(p.packed.cu_seqlens_q, p.packed.seqused_q, b, p.packed.total_q,
                                               p.seqlen_q);
     q_len = sq.len;
     q_start = sq.start;
+    q_used = sq.used;
     ws = hq * bwd_packed_ws_rows(p.packed.total_q, p.batch) + bwd_packed_ws_row0(sq.start, b);
-    if (row >= sq.used) s = 0.f;
   }
-  if (row >= q_len || c * 8 >= p.headdim) return;
-  const int ws_row = kPairedRows ? bwd_dq_paired_row(row) : row;
-  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + (ws + ws_row) * D + c * 8);
-  const float4 x = src[0], y = src[1];
-  uint4 out;
-  out.x = pack2<Elem>(x.x * s, x.y * s);
-  out.y = pack2<Elem>(x.z * s, x.w * s);
-  out.z = pack2<Elem>(y.x * s, y.y * s);
-  out.w = pack2<Elem>(y.z * s, y.w * s);
-  Elem* dst = static_cast<Elem*>(p.dq) + b * p.dq_batch_stride + (int64_t(q_start) + row) * p.dq_row_stride +
-              hq * p.dq_head_stride + c * 8;
-  *reinterpret_cast<uint4*>(dst) = out;
+  if (row0 >= q_len || c * 8 >= p.headdim) return;
+  float v[2][8];  // the thread's rows' 8 floats
+  if constexpr (kFragments) {
+    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + (ws + row0 / 64 * 64) * D +
+                                                        bwd_dq_fragment_offset(row0 % 64, c * 8));
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const float4 x = src[t];
+      v[0][2 * t] = x.x, v[0][2 * t + 1] = x.y, v[1][2 * t] = x.z, v[1][2 * t + 1] = x.w;
+    }
+  } else {
+    const int ws_row = kLayout == BwdDQLayout::kPairedRows ? bwd_dq_paired_row(row0) : row0;
+    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + (ws + ws_row) * D + c * 8);
+    const float4 x = src[0], y = src[1];
+    v[0][0] = x.x, v[0][1] = x.y, v[0][2] = x.z, v[0][3] = x.w;
+    v[0][4] = y.x, v[0][5] = y.y, v[0][6] = y.z, v[0][7] = y.w;
+  }
+#pragma unroll
+  for (int h = 0; h < (kFragments ? 2 : 1); ++h) {
+    const int row = row0 + 8 * h;
+    if (row >= q_len) break;
+    const float s = row < q_used ? p.scale : 0.f;
+    uint4 out;
+    out.x = pack2<Elem>(v[h][0] * s, v[h][1] * s);
+    out.y = pack2<Elem>(v[h][2] * s, v[h][3] * s);
+    out.z = pack2<Elem>(v[h][4] * s, v[h][5] * s);
+    out.w = pack2<Elem>(v[h][6] * s, v[h][7] * s);
+    Elem* dst = static_cast<Elem*>(p.dq) + b * p.dq_batch_stride + (int64_t(q_start) + row) * p.dq_row_stride +
+                hq * p.dq_head_stride + c * 8;
+    *reinterpret_cast<uint4*>(dst) = out;
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -1017,7 +1043,7 @@ struct BwdGrids {
   unsigned pre[3], main[3], conv[3];
 };
 
-template <class Cfg>
+template <class Cfg, BwdDQLayout kLayout = BwdDQLayout::kRows>
 inline BwdGrids bwd_grids(const BwdParams& p) {
   constexpr int D = Cfg::kHeadDim;
   const unsigned hq = unsigned(p.heads_q), hk = unsigned(p.heads_k), bs = unsigned(p.batch);
@@ -1028,7 +1054,7 @@ inline BwdGrids bwd_grids(const BwdParams& p) {
   g.main[0] = unsigned((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
   g.main[1] = hk;
   g.main[2] = bs;
-  g.conv[0] = unsigned((int64_t(p.seqlen_q) * (D / 8) + kAuxThreads - 1) / kAuxThreads);
+  g.conv[0] = unsigned((bwd_convert_units<kLayout>(p.seqlen_q) * (D / 8) + kAuxThreads - 1) / kAuxThreads);
   g.conv[1] = hq;
   g.conv[2] = bs;
   return g;

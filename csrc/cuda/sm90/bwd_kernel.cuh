@@ -151,6 +151,7 @@ struct Sm90BwdTraits {
   // accumulator (TMA), and the next step's barrier before dQ frees them. D = 96 (48 columns a consumer) keeps
   // red.global.add.
   static constexpr bool kDQBulk = kHeadDim != 96;
+  static constexpr BwdDQLayout kDQLayout = kDQBulk ? BwdDQLayout::kPairedRows : BwdDQLayout::kRows;
   // With kDQBulk, warp 1 of the producer warpgroup issues the reduce-adds (FlashAttention-3's dQ writer): consumer c
   // arrives on named barrier kDQFullBar + c once its boxes are written, and syncs on kDQEmptyBar + c, which the writer
   // arrives on once the adds have read them, before it writes the next step's (barriers of 128 + 32 threads).
@@ -227,6 +228,38 @@ __device__ __forceinline__ void red_add_v2(float* addr, float a, float b) {
 #ifdef FLASHOP_SM90_ENABLED
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(addr), "f"(a), "f"(b) : "memory");
 #endif
+}
+
+// Four floats of a kFragments dQ accumulator (Sm90BwdWideTraits::kDQLayout): a warp's 512 contiguous bytes.
+__device__ __forceinline__ void red_add_v4(float* addr, float a, float b, float c, float d) {
+#ifdef FLASHOP_SM90_ENABLED
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+#endif
+}
+
+// dQ of an m64 x kN wgmma accumulator of consumer c (0 or 1), columns kConsumerCols c + col_offset + 8 i + 2 t
+// and + 1 of n8 block i, queries 16 warp + g and + 8, added into a 64-query tile of the fp32 accumulator in
+// fragment order (BwdDQLayout::kFragments, bwd_dq_fragment_offset): one red.global.add.v4 an n8 block, a warp's
+// 512 contiguous bytes. The n8 blocks at or past the head dimension hold zeros and are not added (one uniform
+// compare a block). All 64 rows are added: rows past the sequence have dS = 0 exactly (Q, dO rows zero-filled or
+// zeroed, lse_log2 = +inf, D = 0) and land in the tile's own workspace rows, which the convert kernel does not read.
+// col_offset is a constant after unrolling: the offsets are then constants selected by c (a column offset computed
+// at run time cost the B_c = 80 build 8 bytes of spills).
+template <int kN, int kConsumerCols>
+__device__ __forceinline__ void bwd_add_dq_fragments(float* tile, const float (&dq)[kN / 2], int c, int col_offset,
+                                                     int headdim, int warp, int g, int t) {
+  float* thread_tile = tile + bwd_dq_fragment_offset(16 * warp + g, 2 * t);
+  if constexpr (kConsumerCols % 64 == 0) thread_tile += c * (kConsumerCols / 64 * 4096);
+#pragma unroll
+  for (int i = 0; i < kN / 8; ++i) {
+    const int col = kConsumerCols * c + col_offset + 8 * i;
+    if (col >= headdim) break;
+    int offset = bwd_dq_fragment_offset(0, col_offset + 8 * i);
+    if constexpr (kConsumerCols % 64 != 0)
+      offset = c == 0 ? offset : bwd_dq_fragment_offset(0, kConsumerCols + col_offset + 8 * i);
+    red_add_v4(thread_tile + offset, dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
+  }
 }
 
 __device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[4]) {
@@ -1078,7 +1111,10 @@ struct Sm90BwdWideTraits {
   static constexpr bool kSupportsVariants = !kKeySplit && !kTransposedKV;
   static constexpr bool kPacked = false;  // see Sm90BwdTraits; built where the variants are
   static constexpr bool kLongestFirst = false;  // see Sm90BwdTraits
-  static constexpr bool kDQBulk = false;        // dQ adds with red.global.add (see Sm90BwdTraits)
+  static constexpr bool kDQBulk = false;        // dQ adds from registers (kDQLayout below)
+  // red.global.add.v4 in the accumulator's fragment order (bwd_params.h, bwd_add_dq_fragments): half the add
+  // instructions of row order's v2 and 512 contiguous bytes a warp instruction.
+  static constexpr BwdDQLayout kDQLayout = BwdDQLayout::kFragments;
   static constexpr bool kRoleSplit = false;     // Sm90BwdRoleSplit<traits> (below)
   static_assert(kHeadDim == 160 || kHeadDim == 192 || kHeadDim == 224 || kHeadDim == 256,
                 "the sm90 wide backward takes D = 160, 192, 224 or 256");
@@ -1137,7 +1173,7 @@ struct Sm90BwdWideTraits {
 //               dS^T = P^T (dP^T - D_i)   (P^T from shared memory, in its own fragment layout)
 //               dK  += dS^T Q      RS wgmma m64nD
 //               dS -> shared memory ([query][key], stmatrix.trans)
-//   both:       dQ[:, half c] = dS K[:, half c]   SS wgmma m64n(D/2), red.global.add
+//   both:       dQ[:, half c] = dS K[:, half c]   SS wgmma m64n(D/2), red.global.add.v4 in fragment order
 // Each of S^T and dP^T is one m64n64 product instead of two m64n32 halves that both read all of K or V, and dV,
 // dK take A from registers: about 344 KB of shared-memory traffic a step at D = 256 against 416 for the column
 // split. Registers per consumer thread: dV or dK D/2 (128 at D = 256), S^T or dP^T 32, P^T 32 (consumer 1), dQ
@@ -1295,7 +1331,7 @@ __device__ __forceinline__ void bwd_wide_roles_consumer(const BwdParams& p, uint
     constexpr int kDQChunk = kH % 64 == 0 ? 64 : kH;
     static_assert(kDQChunk % T::kColBlock == 0, "a dQ chunk is whole column blocks");
     const uint64_t desc_ds = make_desc_sw128(sDS, 16, 1024);
-    float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD + kH * c;
+    float* dq_tile = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD;
 #pragma unroll
     for (int chunk = 0; chunk < kH / kDQChunk; ++chunk) {
       const int col0 = kH * c + kDQChunk * chunk;
@@ -1304,17 +1340,7 @@ __device__ __forceinline__ void bwd_wide_roles_consumer(const BwdParams& p, uint
           dq, desc_ds, bwd_tile_desc<T::kRowBytes>(sK + (col0 / T::kColBlock) * T::kKVBlock, T::kKVBlock));
       wgmma_wait<0>();
       fence_regs(dq);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = 16 * warp + g + 8 * h;
-        if (q0 + row < p.seqlen_q) {
-#pragma unroll
-          for (int i = 0; i < kDQChunk / 8; ++i) {
-            if (col0 + 8 * i >= p.headdim) break;
-            red_add_v2(gacc + row * kD + kDQChunk * chunk + 8 * i + 2 * t, dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
-          }
-        }
-      }
+      bwd_add_dq_fragments<kDQChunk, kH>(dq_tile, dq, c, kDQChunk * chunk, p.headdim, warp, g, t);
     }
   }
 
@@ -1585,21 +1611,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma_wait<1>();  // dV and dQ done (dK may still run)
     fence_regs(dq);
 
-    // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped; packed: added, as in
-    // bwd_kernel_sm90; the n8 blocks at or past the head dimension hold zeros and are not added: one
-    // uniform compare per block).
-    float* gacc = p.dq_accum + (bwd_ws_row<T>(p, b, hq, seq.q_start) + q0) * kD + kH * c;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = 16 * warp + g + 8 * h;
-      if (T::kPacked || q0 + row < p.seqlen_q) {  // packed: rows past used_q add exact zeros (see below)
-#pragma unroll
-        for (int i = 0; i < kH / 8; ++i) {
-          if (kH * c + 8 * i >= p.headdim) break;
-          red_add_v2(gacc + row * kD + 8 * i + 2 * t, dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
-        }
-      }
-    }
+    bwd_add_dq_fragments<kH, kH>(p.dq_accum + (bwd_ws_row<T>(p, b, hq, seq.q_start) + q0) * kD, dq, c, 0,
+                                 p.headdim, warp, g, t);
 
     wgmma_wait<0>();
     fence_regs(acc_dv);
@@ -2005,20 +2018,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma_wait<1>();  // dV and dQ done (dK may still run)
     fence_regs(dq);
 
-    // dQ fragments into the fp32 accumulator (rows >= Sq have dS = 0: skipped; the n8 blocks at or past
-    // the head dimension hold zeros and are not added).
-    float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD + kH * c;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = row_lo + 8 * h;
-      if (q0 + row < p.seqlen_q) {
-#pragma unroll
-        for (int i = 0; i < kH / 8; ++i) {
-          if (kH * c + 8 * i >= p.headdim) break;
-          red_add_v2(gacc + row * kD + 8 * i + 2 * t, dq[4 * i + 2 * h], dq[4 * i + 2 * h + 1]);
-        }
-      }
-    }
+    bwd_add_dq_fragments<kH, kH>(p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD, dq, c,
+                                 0, p.headdim, warp, g, t);
 
     wgmma_wait<0>();
 #pragma unroll
@@ -2176,8 +2177,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     named_bar_sync<1, 256>();  // both consumers' keys of dS written
 
     // dQ[:, 128c + 64h ..] = dS K[:, ..]: A = dS K-major over the 80 keys (one 16-key block per k step), B = K's
-    // column block 2c + h (MN-major: 16 key rows per k step). Added into the fp32 accumulator (rows >= Sq have
-    // dS = 0: skipped; the n8 blocks at or past the head dimension hold zeros and are not added).
+    // column block 2c + h (MN-major: 16 key rows per k step). Added into the fp32 accumulator in fragment order
+    // (bwd_add_dq_fragments).
     float dq[kQSlice / 2];
     auto issue_dq = [&](int h) {
 #pragma unroll
@@ -2189,20 +2190,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                        k > 0);
       wgmma_commit();
     };
-    float* gacc = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD + kH * c;
-    auto add_dq = [&](int h) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int row = row_lo + 8 * hh;
-        if (q0 + row < p.seqlen_q) {
-#pragma unroll
-          for (int i = 0; i < kQSlice / 8; ++i) {
-            if (kH * c + kQSlice * h + 8 * i >= p.headdim) break;
-            red_add_v2(gacc + row * kD + kQSlice * h + 8 * i + 2 * t, dq[4 * i + 2 * hh], dq[4 * i + 2 * hh + 1]);
-          }
-        }
-      }
-    };
+    float* dq_tile = p.dq_accum + ((int64_t(b) * p.heads_q + hq) * p.seqlen_q_rounded + q0) * kD;
+    auto add_dq = [&](int h) { bwd_add_dq_fragments<kQSlice, kH>(dq_tile, dq, c, kQSlice * h, p.headdim, warp, g, t); };
     wgmma_fence();
     issue_dq(0);
     // dK^T[128c + 64r .., :] += Q^T dS (as dV)
