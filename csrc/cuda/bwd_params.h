@@ -104,9 +104,10 @@ FLASHOP_HOST_DEVICE int bwd_dq_paired_row(int r) { return (r & ~15) | ((r & 7) <
 // the main kernel and read back by the convert kernel:
 //   kRows        row-major;
 //   kPairedRows  rows of each 16-query group paired (bwd_dq_paired_row);
-//   kFragments   64-column slices of 4096 floats (the last 2048 where W % 64 = 32) in the register order of an m64n64 wgmma accumulator (the Hopper
-//                wide builds, D > 128): the four floats of a thread's n8 block (queries g and g + 8, columns 2t and
-//                2t + 1) are one float4, and a warp's 32 float4s 512 contiguous bytes (bwd_dq_fragment_offset).
+//   kFragments   64-column slices of 4096 floats (the last 2048 where W % 64 = 32) in the register order of an
+//                m64n64 wgmma accumulator (the Hopper wide builds, D > 128): the four floats of a thread's n8 block
+//                (queries g and g + 8, columns 2t and 2t + 1) are one float4, and a warp's 32 float4s 512 contiguous
+//                bytes (bwd_dq_fragment_offset).
 enum class BwdDQLayout { kRows, kPairedRows, kFragments };
 
 // kFragments: the offset of (query r, column col) of a tile, for consumer-thread 32 w + 4 g + t of the warpgroup
