@@ -1863,11 +1863,8 @@ __device__ __forceinline__ void bwd_wide_copy_out(uint32_t sOut, Elem* gout, int
     const int key = idx / kChunks, col = 8 * (idx % kChunks);
     const int gkey = first_key + key;
     if (gkey < p.seqlen_k && col < p.headdim) {
-      uint32_t v0, v1, v2, v3;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
-                   : "r"(sOut + key * kOutRow + col * 2));
-      *reinterpret_cast<uint4*>(gout + int64_t(gkey) * row_stride + col) = make_uint4(v0, v1, v2, v3);
+      *reinterpret_cast<uint4*>(gout + int64_t(gkey) * row_stride + col) =
+          ld_shared_v4_b32(sOut + key * kOutRow + col * 2);
     }
   }
 }
