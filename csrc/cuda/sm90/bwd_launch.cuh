@@ -95,7 +95,8 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   }
   if (!variants && !packed) err = launch_bwd_main<T>(p, tq, tk, tv, tdo, tdq, stream);
   if (err != cudaSuccess) return err;
-  sm80::bwd::bwd_convert_dq_kernel<Aux, T::kDQLayout><<<dim3(g.conv[0], g.conv[1], g.conv[2]), sm80::bwd::kAuxThreads, 0, stream>>>(p);
+  sm80::bwd::bwd_convert_dq_kernel<Aux, T::kDQLayout>
+      <<<dim3(g.conv[0], g.conv[1], g.conv[2]), sm80::bwd::kAuxThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -208,7 +208,10 @@ __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y
 __device__ __forceinline__ uint4 ld_shared_v4_b32(uint32_t addr) {
   uint4 v = make_uint4(0u, 0u, 0u, 0u);
 #ifdef FLASHOP_SM90_ENABLED
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
 #endif
   return v;
 }
