@@ -383,6 +383,14 @@ __device__ __forceinline__ BwdBlock bwd_block(const BwdParams& p) {
   return BwdBlock{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
 }
 
+// The consumer index of warpgroup wg (warpgroup 1 is consumer 0), through a shuffle so that the compiler knows it is
+// warp-uniform: addresses and branches on it keep the uniform datapath. The variants builds take the plain value.
+template <class T>
+__device__ __forceinline__ int bwd_consumer_index(int wg) {
+  if constexpr (T::kVariants) return wg - 1;
+  else return __shfl_sync(0xffffffffu, wg - 1, 0);
+}
+
 // ------------------------------------------------------------------ attention variants
 // Windows, softcap and ALiBi (csrc/attention_variants.h) are compiled into a second instantiation of
 // each backward kernel, Sm90BwdVariants<traits>, which launch_bwd runs only for a call that asks for
@@ -712,7 +720,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
 
   // -------------------------------------------------------------- consumer
   setmaxnreg_inc<T::kConsumerRegs>();
-  const int c = T::kConsumers == 1 ? 0 : wg - 1;  // keys 64c .. 64c+63 of the tile (one consumer: a constant)
+  const int c = T::kConsumers == 1 ? 0 : bwd_consumer_index<T>(wg);  // keys 64c .. 64c+63 of the tile
   const int ctid = tid - 128 * wg;
   const int warp = ctid / 32, lane = ctid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -1213,7 +1221,7 @@ __device__ __forceinline__ void bwd_wide_roles_consumer(const BwdParams& p, uint
   auto bar_full = [&](int s) { return bar_kv + 8u * (1 + s); };
   auto bar_empty = [&](int s) { return bar_kv + 8u * (1 + T::kStages + s); };
   const int tid = threadIdx.x;
-  const int c = tid / 128 - 1;  // 0: S^T, P^T, dV; 1: dP^T, dS, dK
+  const int c = bwd_consumer_index<T>(tid / 128);  // 0: S^T, P^T, dV; 1: dP^T, dS, dK
   const int ctid = tid % 128;
   const int warp = ctid / 32, lane = ctid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -1454,7 +1462,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     bwd_wide_roles_consumer<T>(p, base, hk, b, key0, m_first, per_head, total);
     return;
   }
-  const int c = wg - 1;  // queries 32c .. 32c+31 of S^T, dP^T; columns kH c .. kH c + kH-1 of dK, dV, dQ
+  // queries 32c .. 32c+31 of S^T, dP^T; columns kH c .. kH c + kH-1 of dK, dV, dQ
+  const int c = bwd_consumer_index<T>(wg);
   const int ctid = tid - 128 * wg;
   const int warp = ctid / 32, lane = ctid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -1912,7 +1921,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   // -------------------------------------------------------------- consumer
   setmaxnreg_inc<T::kConsumerRegs>();
-  const int c = wg - 1;  // keys 48c .. 48c+47 of S, dP, dV, dK; columns kH c .. kH c + kH-1 of dQ
+  const int c = bwd_consumer_index<T>(wg);  // keys 48c .. 48c+47 of S, dP, dV, dK; columns kH c .. kH c + kH-1 of dQ
   const int ctid = tid - 128 * wg;
   const int warp = ctid / 32, lane = ctid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -2101,7 +2110,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   // -------------------------------------------------------------- consumer
   setmaxnreg_inc<T::kConsumerRegs>();
-  const int c = wg - 1;  // keys 40c .. 40c+39 of S, dP; columns 128c .. 128c+127 of dV, dK, dQ
+  const int c = bwd_consumer_index<T>(wg);  // keys 40c .. 40c+39 of S, dP; columns 128c .. 128c+127 of dV, dK, dQ
   const int ctid = tid - 128;  // 0 .. 255 over both consumers
   const int warp = (tid % 128) / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
