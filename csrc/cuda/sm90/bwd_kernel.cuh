@@ -384,7 +384,8 @@ __device__ __forceinline__ BwdBlock bwd_block(const BwdParams& p) {
 }
 
 // The consumer index of warpgroup wg (warpgroup 1 is consumer 0), through a shuffle so that the compiler knows it is
-// warp-uniform: addresses and branches on it keep the uniform datapath. The variants builds take the plain value.
+// warp-uniform: addresses and branches on it keep the uniform datapath. The variants and packed builds take the plain
+// value: with the shuffle their loops spill (4-8 bytes at d128).
 template <class T>
 __device__ __forceinline__ int bwd_consumer_index(int wg) {
   if constexpr (T::kVariants) return wg - 1;
