@@ -306,18 +306,24 @@ __device__ __forceinline__ float bwd_shuffled_col(const float (&own)[kBlocks / 4
 }
 
 // Zeroes the scores of keys past Sk and right of the causal diagonal in an m64 x 8 kBlocks accumulator (rows: keys
-// key_lo, key_lo + 8; columns: queries q_lo + 8i, +1).
+// key_lo, key_lo + 8; columns: queries q_lo + 8i, +1). Element (i, e) is column 8i + (e & 1) of key row h = e >> 1:
+// visible iff that column is at least first[h] (key < Sk, and causal key <= query + Sk - Sq), computed once, so
+// that each element's test compares an immediate.
 template <int kBlocks>
 __device__ __forceinline__ void bwd_dense_mask(float (&st)[4 * kBlocks], const BwdParams& p, int key_lo, int64_t q_lo) {
-  const int64_t causal_shift = int64_t(p.seqlen_k) - p.seqlen_q;
+  int first[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key_lo + 8 * h;
+    int64_t f = p.causal ? int64_t(key) - q_lo - (int64_t(p.seqlen_k) - p.seqlen_q) : 0;
+    if (key >= p.seqlen_k) f = 8 * kBlocks;
+    first[h] = static_cast<int>(max(min(f, int64_t(8 * kBlocks)), int64_t(0)));
+  }
 #pragma unroll
   for (int i = 0; i < kBlocks; ++i)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int key = key_lo + ((e & 2) ? 8 : 0);
-      const int64_t q = q_lo + 8 * i + (e & 1);
-      if (key >= p.seqlen_k || (p.causal && key > q + causal_shift)) st[4 * i + e] = 0.f;
-    }
+    for (int e = 0; e < 4; ++e)
+      if (8 * i + (e & 1) < first[e >> 1]) st[4 * i + e] = 0.f;
 }
 
 // P^T = exp2(S^T scale log2(e) - lse_log2) in place on an m64 x 8 kBlocks accumulator of raw scores (rows: keys
@@ -802,9 +808,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     uint32_t pa[kBM / 16][4], da[kBM / 16][4];
     if constexpr (T::kShuffledCols && !T::kVariants) {
       bwd_dense_probs_shuffled<kBM / 8>(st, lse_own, p, key_lo, int64_t(q0) + 2 * t, t,
-                                         bwd_dense_need_mask(p, key0, kBN, q0));
+                                         bwd_dense_need_mask(p, key0 + 64 * c, 64, q0));
     } else if constexpr (!T::kVariants) {
-      bwd_dense_probs<kBM / 8>(st, lse_cols, p, key_lo, int64_t(q0) + 2 * t, bwd_dense_need_mask(p, key0, kBN, q0));
+      // The mask pass only where this consumer's 64 keys cross Sk or the diagonal.
+      bwd_dense_probs<kBM / 8>(st, lse_cols, p, key_lo, int64_t(q0) + 2 * t,
+                               bwd_dense_need_mask(p, key0 + 64 * c, 64, q0));
       // st holds P^T from here on.
     } else {
       // P^T into pa and, softcap, P^T (1 - tanh^2) into st (bwd_variant_probs); masked where this
