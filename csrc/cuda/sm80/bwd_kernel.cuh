@@ -134,12 +134,15 @@ __device__ __forceinline__ float log2_approx(float x) {
 #endif
 
 // Preprocess: a group of kLanes threads (power of two, <= 32, so a group never
-// straddles a warp) reduces one row of D/8 16-byte chunks.
+// straddles a warp) reduces one row of D/8 16-byte chunks. Each group takes kRowsPerThread rows kGroups apart,
+// their loads issued together: more bytes in flight per thread and fewer, longer blocks.
 template <int D>
 struct RowGroup {
   static constexpr int kChunks = D / 8;
   static constexpr int kLanes = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
-  static constexpr int kRowsPerBlock = kAuxThreads / kLanes;
+  static constexpr int kGroups = kAuxThreads / kLanes;
+  static constexpr int kRowsPerThread = kBwdSeqQPad / kGroups < 4 ? kBwdSeqQPad / kGroups : 4;
+  static constexpr int kRowsPerBlock = kGroups * kRowsPerThread;
   static_assert(kBwdSeqQPad % kRowsPerBlock == 0, "preprocess blocks must tile the padded rows");
 };
 
@@ -308,7 +311,7 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_preproce
   using G = RowGroup<D>;
   const int tid = thread_x();
   const int r = tid / G::kLanes, c = tid % G::kLanes;
-  const int row = block_x() * G::kRowsPerBlock + r;
+  const int row0 = block_x() * G::kRowsPerBlock + r;  // the group's rows: row0 + kGroups i
   const int hq = block_y(), b = block_z();
 
   if (p.deterministic && block_x() == 0) {
@@ -328,32 +331,42 @@ FLASHOP_SM80_GLOBAL void FLASHOP_SM80_LAUNCH_BOUNDS(kAuxThreads, 1) bwd_preproce
     row_base = hq * bwd_packed_ws_rows(p.packed.total_q, p.batch) + bwd_packed_ws_row0(sq.start, b);
   }
 
-  float sum = 0.f;
-  // Only the true head dimension's chunks (p.headdim <= D, so this also bounds c by kChunks).
-  if (row < seqlen_q && c * 8 < p.headdim) {
-    const Elem* o = static_cast<const Elem*>(p.out) + b * p.o_batch_stride +
-                    (int64_t(q_start) + row) * p.o_row_stride + hq * p.o_head_stride + c * 8;
-    const Elem* d = static_cast<const Elem*>(p.dout) + b * p.do_batch_stride +
-                    (int64_t(q_start) + row) * p.do_row_stride + hq * p.do_head_stride + c * 8;
-    const uint4 ov = *reinterpret_cast<const uint4*>(o);
-    const uint4 dv = *reinterpret_cast<const uint4*>(d);
-    const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w};
-    const uint32_t dw[4] = {dv.x, dv.y, dv.z, dv.w};
+  // Only the true head dimension's chunks (p.headdim <= D, so this also bounds c by kChunks); rows past Sq
+  // and chunks past the head dimension read as zeros.
+  constexpr int R = G::kRowsPerThread;
+  uint4 ov[R], dv[R];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 a = unpack2<Elem>(ow[i]), e = unpack2<Elem>(dw[i]);
-      sum += a.x * e.x + a.y * e.y;
+  for (int i = 0; i < R; ++i) {
+    const int row = row0 + G::kGroups * i;
+    ov[i] = dv[i] = uint4{0u, 0u, 0u, 0u};
+    if (row < seqlen_q && c * 8 < p.headdim) {
+      ov[i] = *reinterpret_cast<const uint4*>(static_cast<const Elem*>(p.out) + b * p.o_batch_stride +
+                                              (int64_t(q_start) + row) * p.o_row_stride + hq * p.o_head_stride + c * 8);
+      dv[i] = *reinterpret_cast<const uint4*>(static_cast<const Elem*>(p.dout) + b * p.do_batch_stride +
+                                              (int64_t(q_start) + row) * p.do_row_stride + hq * p.do_head_stride +
+                                              c * 8);
     }
   }
 #pragma unroll
-  for (int off = G::kLanes / 2; off > 0; off >>= 1) sum += shfl_xor(sum, off);
-
-  if (c == 0) {  // row < seqlen_q_rounded: the grid tiles the padded rows exactly
-    const bool in = row < seqlen_q;
-    p.dsum[row_base + row] = in ? sum : 0.f;
-    const float l = in ? p.lse[b * p.lse_batch_stride + hq * p.lse_head_stride + q_start + row] : -INFINITY;
-    // A row that saw no key has lse = -inf; +inf here makes its P = exp2(x - inf) = 0.
-    p.lse_log2[row_base + row] = (l == -INFINITY) ? INFINITY : l * kLog2e;
+  for (int i = 0; i < R; ++i) {
+    const uint32_t ow[4] = {ov[i].x, ov[i].y, ov[i].z, ov[i].w};
+    const uint32_t dw[4] = {dv[i].x, dv[i].y, dv[i].z, dv[i].w};
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 a = unpack2<Elem>(ow[j]), e = unpack2<Elem>(dw[j]);
+      sum += a.x * e.x + a.y * e.y;
+    }
+#pragma unroll
+    for (int off = G::kLanes / 2; off > 0; off >>= 1) sum += shfl_xor(sum, off);
+    if (c == 0) {  // row < seqlen_q_rounded: the grid tiles the padded rows exactly
+      const int row = row0 + G::kGroups * i;
+      const bool in = row < seqlen_q;
+      p.dsum[row_base + row] = in ? sum : 0.f;
+      const float l = in ? p.lse[b * p.lse_batch_stride + hq * p.lse_head_stride + q_start + row] : -INFINITY;
+      // A row that saw no key has lse = -inf; +inf here makes its P = exp2(x - inf) = 0.
+      p.lse_log2[row_base + row] = (l == -INFINITY) ? INFINITY : l * kLog2e;
+    }
   }
 
   // Zero this block's rows of the dQ accumulator (the main kernel adds into it), all D columns: its
