@@ -84,15 +84,20 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     ctx->saved_data["max_seqlen_q"] = max_seqlen_q;
     ctx->saved_data["max_seqlen_k"] = max_seqlen_k;
     ctx->saved_data["sink_grad"] = learnable_sink.has_value() && learnable_sink->requires_grad();
-    // The LSE is an auxiliary output, as in FlashAttention: no gradient flows through it.
+    // The LSE is an auxiliary output, as in FlashAttention: no gradient flows through it. Undefined gradients
+    // stay undefined (not a zeros tensor for the LSE's each call: a fill kernel launched ahead of the backward's).
     ctx->mark_non_differentiable({lse});
+    ctx->set_materialize_grads(false);
     return {out, lse};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    // One gradient per forward argument: q, k, v, then learnable_sink (index 11); the others have none.
+    variable_list result(18);
     at::Tensor dout = grads[0];
+    if (!dout.defined()) return result;  // no gradient reached out: every input's is zero (undefined)
     // Incoming gradients can be expanded or transposed; the kernels need unit stride in headdim only.
     // (sym_size, not size: under tracing, size() on a tensor with symbolic sizes fixes all of them.)
     if (dout.sym_size(-1) > 1 && dout.sym_stride(-1) != 1) dout = dout.contiguous();
@@ -103,8 +108,6 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
         data.at("window_right").toInt(), data.at("softcap").toDouble(), saved_or_none(saved[5]),
         saved_or_none(saved[7]), saved_or_none(saved[8]), data.at("max_seqlen_q").toOptional<c10::SymInt>(),
         data.at("max_seqlen_k").toOptional<c10::SymInt>(), saved_or_none(saved[9]), saved_or_none(saved[10]));
-    // One gradient per forward argument: q, k, v, then learnable_sink (index 11); the others have none.
-    variable_list result(18);
     result[0] = dq;
     result[1] = dk;
     result[2] = dv;

@@ -65,3 +65,31 @@ def test_lse_is_not_differentiable(device):
     q, k, v = (t.requires_grad_() for t in make_qkv((1, 8, 8, 1, 1, 32), torch.float16, device))
     out, lse, _ = flashop.flash_attn_func(q, k, v, return_attn_probs=True)
     assert out.requires_grad and not lse.requires_grad
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_runs_no_op_for_the_lse(device):
+    # The LSE output takes no gradient: the backward is flashop.backward alone, with no zeros materialised for it.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q, k, v = (t.requires_grad_() for t in make_qkv((1, 16, 16, 2, 2, 64), dtype, device))
+    out = flashop.flash_attn_func(q, k, v)
+    dout = torch.randn_like(out)
+    with Ops() as ops:
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    assert "flashop.backward.default" in ops.names
+    assert [n for n in ops.names if "zero" in n or "fill" in n or "empty" in n] == [], ops.names
+    ref = grads(lambda *t: attention_reference(*t)[0], q, k, v, dout.double())
+    lowp = grads(lambda *t: attention_reference(*t, upcast=False)[0], q, k, v, dout)
+    for name, ours_g, ref_g, lowp_g in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, lowp):
+        assert_grad_close_to_reference(ours_g, ref_g, lowp_g, name)
