@@ -8,11 +8,15 @@ conversion, torch's own fills and copies) the time goes to.
     python3 tools/probes/kernel_breakdown.py --direction forward+backward --seqlens 1024 --causal
         # a training step's call (the benchmark's fwd+bwd): idle time between the forward and the backward shows
         # as wall - kernels
+    python3 tools/probes/kernel_breakdown.py --direction forward+backward --seqlens 2048 --timeline
+        # each call as the benchmark runs it (after an L2 flush): every kernel's start after the flush ended and
+        # the GPU's idle time before it (median over the calls)
 
 Same shapes as the benchmark: batch x seqlen = 32768 tokens, 2048 / headdim query heads.
 """
 import argparse
 import collections
+import statistics
 
 import torch
 import triton.testing
@@ -35,6 +39,40 @@ def breakdown(fn, repeats):
     return sorted(per_kernel.items(), key=lambda kv: -kv[1])
 
 
+def timeline(fn, repeats):
+    """(kernel, median start after the flush, median idle time before it, median duration) in ms, per kernel of
+    one call, each call run as triton's do_bench runs it: behind a pass over 256 MB that flushes the L2 (an int8
+    add, whose kernel no attention call launches, marks where each call starts)."""
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            flush.add_(1)
+            fn()
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    calls, current = [], None
+    for event in kernels:
+        if "signed char" in event.name:
+            current = {"flush_end": event.time_range.end, "kernels": []}
+            calls.append(current)
+        elif current is not None:
+            current["kernels"].append(event)
+    rows = collections.defaultdict(lambda: ([], [], []))
+    for call in calls:
+        previous_end = call["flush_end"]
+        for i, event in enumerate(call["kernels"]):
+            start, idle, duration = rows[(i, event.name)]
+            start.append((event.time_range.start - call["flush_end"]) / 1e3)
+            idle.append(max(0.0, event.time_range.start - previous_end) / 1e3)
+            duration.append((event.time_range.end - event.time_range.start) / 1e3)
+            previous_end = max(previous_end, event.time_range.end)
+    return [(name, statistics.median(a), statistics.median(b), statistics.median(c))
+            for (_, name), (a, b, c) in sorted(rows.items())]
+
+
 def named_backward_runner(case, config):
     """The backward op with a named backward config on the case's inputs (the forward run once beforehand by
     the policy's pick): the benchmark's runners name forward configs only."""
@@ -54,6 +92,8 @@ def main():
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--timeline", action="store_true",
+                        help="each kernel's start and the idle time before it, calls run behind an L2 flush")
     parser.add_argument("--configs", nargs="*", default=[],
                         help="flashop kernel configs to time as well, next to the policy's pick")
     args = parser.parse_args()
@@ -69,13 +109,18 @@ def main():
                 fn = named_backward_runner(case, config)
             else:
                 fn = make_runner(impl, case, "cuda", config=config)
+            label = impl if config is None else config
+            if args.timeline:
+                print(f"{label:8s} kernel: start after the flush / idle before it / duration (ms)")
+                for name, start, idle, duration in timeline(fn, max(args.repeats, 20)):
+                    print(f"    {start:8.3f} {idle:8.3f} {duration:8.3f}  {name[:100]}")
+                continue
             rows = breakdown(fn, args.repeats)
             total = sum(ms for _, ms in rows)
             # Wall time of the call on the GPU (the benchmark's measure, L2 flushed before each call)
             # against the sum of its kernels (profiled with a warm L2): a clearly positive difference
             # is time the GPU spent idle inside the call.
             wall = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-            label = impl if config is None else config
             print(f"{label:8s} kernels {total:8.3f}  do_bench {wall:8.3f}  wall - kernels {wall - total:+7.3f}")
             for name, ms in rows[:6]:
                 print(f"    {ms:8.3f}  {name[:110]}")
