@@ -84,8 +84,8 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     ctx->saved_data["max_seqlen_q"] = max_seqlen_q;
     ctx->saved_data["max_seqlen_k"] = max_seqlen_k;
     ctx->saved_data["sink_grad"] = learnable_sink.has_value() && learnable_sink->requires_grad();
-    // The LSE is an auxiliary output, as in FlashAttention: no gradient flows through it. Undefined gradients
-    // stay undefined (not a zeros tensor for the LSE's each call: a fill kernel launched ahead of the backward's).
+    // The LSE is an auxiliary output, as in FlashAttention: no gradient flows through it. Undefined gradients stay
+    // undefined, so no call allocates and fills a zeros tensor for the LSE ahead of the backward's kernels.
     ctx->mark_non_differentiable({lse});
     ctx->set_materialize_grads(false);
     return {out, lse};
