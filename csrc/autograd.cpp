@@ -102,6 +102,9 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     // (sym_size, not size: under tracing, size() on a tensor with symbolic sizes fixes all of them.)
     if (dout.sym_size(-1) > 1 && dout.sym_stride(-1) != 1) dout = dout.contiguous();
     const auto& data = ctx->saved_data;
+    // Outside create_graph the call records nothing: it goes below the autograd keys, past their fallback.
+    std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
+    if (!at::GradMode::is_enabled()) below_autograd.emplace();
     auto [dq, dk, dv] = backward_op().call(
         dout, q, k, v, out, lse, data.at("softmax_scale").toOptional<double>(), data.at("causal").toBool(),
         std::nullopt, data.at("deterministic").toBool(), data.at("window_left").toInt(),
