@@ -216,3 +216,33 @@ def test_sm90_backward_lpt_order_matches_the_plain_build(name, head_ratio, softc
     assert torch.equal(lpt[1], plain[1]) and torch.equal(lpt[2], plain[2])
     dq, dq_plain = lpt[0].float(), plain[0].float()
     assert torch.isfinite(dq).all() and (dq - dq_plain).abs().max() <= 1e-2 * dq_plain.abs().max()
+
+
+# The tail split (csrc/cuda/sm90/bwd_tail.h): a dense non-causal problem whose last wave holds a few blocks after a
+# full one runs them as pieces over their query steps, whose dK and dV meet in a workspace. Each shape here makes
+# the split on this device: key tiles x kv heads = one wave of blocks + 1 .. 3, ragged key and query tiles, GQA
+# (a piece's steps cross query heads), a headdim below the tile width.
+TAIL_NAMES = [n for n in NAMES if not n.endswith(".lpt") and HopperBackwardConfig.parse(n).headdim <= 128]
+
+
+def _tail_shape(config, head_ratio):
+    ctas_per_sm = 2 if config.block_n == 64 else 1
+    wave = torch.cuda.get_device_properties(0).multi_processor_count * ctas_per_sm
+    n_tiles = 3
+    heads_k = wave // n_tiles + 1  # n_tiles * heads_k = wave + 1 .. wave + 3
+    seqlen_k = n_tiles * config.block_n - 37
+    seqlen_q = 64 * config.block_m - 21  # 64 query tiles: blocks of fewer steps are not split (kBwdTailMinSteps)
+    return 1, seqlen_q, seqlen_k, heads_k * head_ratio, heads_k
+
+
+@pytest.mark.parametrize("head_ratio", [1, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("name", TAIL_NAMES)
+def test_sm90_backward_tail_split(name, head_ratio):
+    config = HopperBackwardConfig.parse(name)
+    shape = _tail_shape(config, head_ratio)
+    first, blocks, pieces = dispatch.hopper_module().backward_config_tail_split(name, *shape, False)
+    assert pieces >= 2 and 1 <= blocks <= 3 and first == 3 * shape[4] - blocks, (first, blocks, pieces)
+    assert dispatch.hopper_module().backward_config_tail_split(name, *shape, True)[2] == 0  # causal: none
+    headdim = config.headdim - 8 if config.headdim > 64 else config.headdim
+    q, k, v = make_qkv((*shape, headdim), _DTYPES[config.dtype], "cuda")
+    check_direct(name, q, k, v, False, torch.randn_like(q))

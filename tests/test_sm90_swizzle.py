@@ -952,3 +952,93 @@ def test_bwd_lpt_header_on_the_host(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     result = subprocess.run([binary], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.startswith("OK"), result.stdout[-2000:]
+
+
+# ---------------------------------------------------------------- the backward's tail split
+# csrc/cuda/sm90/bwd_tail.h: a dense non-causal problem whose last wave of blocks is at most half full runs those
+# blocks as pieces over runs of their query steps, at the end of a 1-D grid.
+
+_TAIL_HOST_CHECK = r"""
+#include <cstdio>
+#include <vector>
+#include "sm90/bwd_tail.h"
+using namespace flashop;
+using namespace flashop::sm90;
+
+// Every (block, step) of the problem computed by exactly one CTA of the grid, pieces on quanta, the split made
+// exactly when the last wave is at most half full after a full one.
+static bool check(int n_tiles, int heads_k, int batch, int wave, int steps) {
+  const long blocks = long(n_tiles) * heads_k * batch;
+  const BwdTailSplit split = bwd_tail_split(blocks, wave, steps);
+  const long rest = blocks % wave;
+  const bool want = blocks > wave && rest > 0 && 2 * rest <= wave && steps >= kBwdTailMinSteps;
+  if ((split.pieces > 0) != want) return false;
+  if (split.pieces == 0) return split.first_block == 0 && split.blocks == 0;
+  if (split.first_block != blocks - rest || split.blocks != rest || split.pieces < 2 ||
+      long(split.pieces) * rest > wave || split.pieces > (steps + kBwdTailQuantum - 1) / kBwdTailQuantum)
+    return false;
+  std::vector<int> seen(blocks * steps, 0);
+  const long grid = split.first_block + long(split.blocks) * split.pieces;
+  for (long cta = 0; cta < grid; ++cta) {
+    const BwdTailWork w = bwd_tail_work<uint32_t>(uint32_t(cta), split, uint32_t(n_tiles), uint32_t(heads_k));
+    const BwdBlock b = w.block;
+    if (b.n_block < 0 || b.n_block >= n_tiles || b.hk < 0 || b.hk >= heads_k || b.b < 0 || b.b >= batch) return false;
+    const long slot = (long(b.b) * heads_k + b.hk) * n_tiles + b.n_block;
+    int begin = 0, end = steps;
+    if (w.unit >= 0) {
+      if (w.unit != (cta - split.first_block) / split.pieces || slot != split.first_block + w.unit) return false;
+      bwd_tail_steps(steps, split.pieces, w.piece, begin, end);
+      if (begin % kBwdTailQuantum != 0 || begin >= end || end > steps) return false;
+    } else if (slot != cta) {
+      return false;
+    }
+    for (int s = begin; s < end; ++s)
+      if (seen[slot * steps + s]++) return false;
+  }
+  for (int v : seen)
+    if (v != 1) return false;
+  return true;
+}
+
+int main() {
+  long cases = 0, splits = 0;
+  const int waves[] = {2, 3, 5, 8, 66, 132, 264};
+  for (int wave : waves)
+    for (int n_tiles = 1; n_tiles <= 9; ++n_tiles)
+      for (int heads_k = 1; heads_k <= 70; heads_k += (heads_k < 12 ? 1 : 7))
+        for (int batch = 1; batch <= 5; ++batch)
+          for (int steps = 1; steps <= 300; steps += (steps < 56 ? 5 : steps < 80 ? 1 : 23)) {
+            if (!check(n_tiles, heads_k, batch, wave, steps)) {
+              std::printf("FAIL n_tiles=%d heads_k=%d batch=%d wave=%d steps=%d\n", n_tiles, heads_k, batch, wave,
+                          steps);
+              return 1;
+            }
+            ++cases;
+            splits += bwd_tail_split(long(n_tiles) * heads_k * batch, wave, steps).pieces > 0;
+          }
+  // No split whose grid or step arithmetic would leave int.
+  if (bwd_tail_split(int64_t(1) << 40, 132, 1000).pieces != 0 || bwd_tail_split(133, 132, 0x7fffffff).pieces != 0)
+    return 1;
+  std::printf("OK %ld cases, %ld split\n", cases, splits);
+  return splits > 0 ? 0 : 1;
+}
+"""
+
+
+def test_bwd_tail_split_header_on_the_host(tmp_path):
+    """csrc/cuda/sm90/bwd_tail.h compiled by g++: over problems of up to 9 key tiles, 70 kv heads, 5 batch entries
+    and 300 steps on waves of 2 .. 264 CTAs, the split is made exactly when the last wave is at most half full after
+    a full one, and its grid computes every (block, query step) exactly once, pieces starting on whole quanta."""
+    import os
+    import shutil
+    import subprocess
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src, binary = tmp_path / "tail_check.cpp", str(tmp_path / "tail_check")
+    src.write_text(_TAIL_HOST_CHECK)
+    result = subprocess.run(["g++", "-std=c++17", "-O2", f"-I{os.path.join(root, 'csrc', 'cuda')}", str(src), "-o",
+                             binary], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    result = subprocess.run([binary], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.startswith("OK"), result.stdout[-2000:]

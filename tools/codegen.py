@@ -178,6 +178,7 @@ static_assert({t}::kSmemBytes == {cfg.smem_bytes()},
               "flashop/configs.py HopperBackwardConfig.smem_bytes() disagrees with Sm90BwdTraits::kSmemBytes");
 
 template cudaError_t flashop::sm90::launch_bwd<{t}>(const ::flashop::BwdParams&, cudaStream_t);
+template std::size_t flashop::sm90::plan_bwd<{t}>(::flashop::BwdParams&);
 """
 
 

@@ -16,6 +16,7 @@ import sys
 import torch
 
 import flashop
+from flashop.configs import HopperBackwardConfig
 
 SHAPES = [  # (batch, seqlen_q, seqlen_k, heads_q, heads_k)
     (1, 1, 1, 1, 1),
@@ -74,6 +75,22 @@ def cases(width, few_shapes=False):
     if few_shapes:
         return [(width, s) for s in FEW_SHAPES] + [(narrower[0], NARROWER_SHAPES[0])]
     return [(width, s) for s in SHAPES] + [(d, s) for d in narrower for s in NARROWER_SHAPES]
+
+
+def tail_split_names():
+    """Built Hopper backward configs that split a last wave (csrc/cuda/sm90/bwd_tail.h: the plain builds up to W 128)."""
+    names = flashop.dispatch.built_configs("backward")
+    return [n for n in names if n.startswith("sm90.bwd.") and not n.endswith(".lpt")
+            and flashop.dispatch.dtype_and_headdim(n)[1] <= 128]
+
+
+def tail_split_shape(name):
+    """One batch entry of 3 key tiles x (one wave / 3 + 1) kv heads and 64 query tiles, as
+    tests/test_sm90_backward.py's tail-split shape."""
+    config = HopperBackwardConfig.parse(name)
+    wave = torch.cuda.get_device_properties(0).multi_processor_count * (2 if config.block_n == 64 else 1)
+    heads_k = wave // 3 + 1
+    return 1, 64 * config.block_m - 21, 3 * config.block_n - 37, heads_k, heads_k
 
 
 def decode_cases():
@@ -184,6 +201,19 @@ def main(patterns, variants_only=False, few_shapes=False):
                 if not err < 5e-2:
                     failures += 1
                     print(f"FAIL {name} d{headdim} {(b, sq, sk, hq, hk)} causal={causal}: max relative grad error {err:.3e}")
+        if not few_shapes and name in tail_split_names():
+            # A last wave of 1-3 blocks after a full one, blocks of 64 query tiles: the tail split's pieces run.
+            b, sq, sk, hq, hk = tail_split_shape(name)
+            q = torch.randn(b, sq, hq, width, device="cuda", dtype=dtype)
+            k, v = (torch.randn(b, sk, hk, width, device="cuda", dtype=dtype) for _ in range(2))
+            out, lse = torch.ops.flashop.forward(q, k, v, None, False)
+            dout = torch.randn_like(out)
+            grads = torch.ops.flashop.backward(dout, q, k, v, out, lse, None, False, name, False)
+            cpu = [t.cpu().float() for t in (dout, q, k, v, out)]
+            err = grad_error(grads, torch.ops.flashop.backward(*cpu, lse.cpu(), None, False))
+            if not err < 5e-2:
+                failures += 1
+                print(f"FAIL {name} tail split {(b, sq, sk, hq, hk)}: max relative grad error {err:.3e}")
         if not flashop.dispatch.runs_variants(flashop.dispatch.parse_config(name)):
             continue
         for variant in VARIANTS:

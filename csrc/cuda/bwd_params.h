@@ -30,6 +30,15 @@ FLASHOP_HOST_DEVICE int64_t bwd_packed_ws_rows(int total_q, int batch) {
   return int64_t(bwd_round_up(total_q, 4)) + int64_t(kBwdSeqQPad + 4) * batch;
 }
 
+// The Hopper backward's tail split (sm90/bwd_tail.h): blocks first_block .. first_block + blocks - 1 of the
+// dispatch order (the last wave's) run as `pieces` CTAs each, over consecutive runs of their query steps.
+// pieces = 0: no split.
+struct BwdTailSplit {
+  int first_block;
+  int blocks;
+  int pieces;
+};
+
 struct BwdParams {
   // Inputs, fp16 or bf16, last dimension contiguous; base pointers 16-byte
   // aligned and every stride a multiple of 8 elements (the glue copies
@@ -91,6 +100,10 @@ struct BwdParams {
   // Bit-identical dQ run to run: key tiles add their dQ contributions to a
   // query tile in key-tile order, serialised by dq_semaphore (see bwd_kernel.cuh).
   bool deterministic;
+  // Hopper builds only (sm90/bwd_tail.h); zero elsewhere. dkv_tail: [tail.blocks][2][B_c][W] floats, zeroed
+  // before the main kernel: the split blocks' dK (unscaled) and dV, summed over their pieces.
+  BwdTailSplit tail;
+  float* dkv_tail;
 };
 
 // Rows of the workspaces dq_accum, dsum and lse_log2 (packed: total_q >= 0 the rows of q; dense: -1).

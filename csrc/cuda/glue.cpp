@@ -239,7 +239,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& softmax_lse, double softmax_scale, bool causal, bool deterministic,
     const AttentionDims& dims, const Device& dev, int block_m, int tile_width, BwdLaunch launch,
-    const char* kernel_name, const AttentionVariants& variants, const PackedBatch* packed) {
+    const char* kernel_name, const AttentionVariants& variants, const PackedBatch* packed, BwdPlan plan) {
   // Packed: B sequences of at most Sq / Sk rows (the kernels' grid) in tensors of total_q / total_k rows.
   const int64_t B = dims.batch, Sq = packed ? packed->max_seqlen_q : dims.seqlen_q;
   const int64_t Sk = packed ? packed->max_seqlen_k : dims.seqlen_k;
@@ -331,6 +331,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(
   }
   p.deterministic = deterministic;
   if (packed) set_packed(p, packed_sequences(*packed, total_q, total_k));
+  at::Tensor plan_workspace;
+  if (plan != nullptr) {
+    const std::size_t floats = plan(p);
+    if (floats > 0) {
+      plan_workspace = at::empty({static_cast<int64_t>(floats)}, f32);
+      p.dkv_tail = plan_workspace.data_ptr<float>();
+    }
+  }
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q_in.get_device()).stream();
   const cudaError_t err = launch(p, stream);

@@ -167,17 +167,21 @@ FwdParams make_fwd_params(const at::Tensor& q, const at::Tensor& k, const at::Te
 // ---------------------------------------------------------------- backward
 
 using BwdLaunch = cudaError_t (*)(const BwdParams&, cudaStream_t);
+// A kernel's plan of a call: sets its parts of the params and returns the workspace floats they need
+// (BwdParams::dkv_tail; the Hopper kernels' tail split), 0 for none.
+using BwdPlan = std::size_t (*)(BwdParams&);
 
 // Gradients of validated inputs (check_forward_inputs / check_backward_inputs, check_cuda_inputs;
 // packed: check_packed_inputs, dims its result, q/k/v/out/dout (total, H, D), softmax_lse (Hq, total_q))
 // through `launch`, a kernel whose query tile is block_m rows and whose tile width (the config name's
 // d<W>, >= the true head dimension) is tile_width: outputs, workspaces, BwdParams and the launch on
-// the current stream.
+// the current stream; `plan`, when given, before the launch.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& softmax_lse, double softmax_scale, bool causal, bool deterministic, const AttentionDims& dims,
     const Device& dev, int block_m, int tile_width, BwdLaunch launch, const char* kernel_name,
-    const AttentionVariants& variants = AttentionVariants{}, const PackedBatch* packed = nullptr);
+    const AttentionVariants& variants = AttentionVariants{}, const PackedBatch* packed = nullptr,
+    BwdPlan plan = nullptr);
 
 // ---------------------------------------------------------------- flashop._C's kernels
 

@@ -1,5 +1,6 @@
 // flashop._C_sm90: the Hopper (sm_90a) forward and backward kernels behind the same bindings as
-// flashop._C's (forward, backward, built_*_configs, *_config_smem), plus forward_config_workspace.
+// flashop._C's (forward, backward, built_*_configs, *_config_smem), plus forward_config_workspace and
+// backward_config_tail_split.
 // Tensors in, params out, a kernel of the sm90 registry (registry_sm90.cuh) launched on the current
 // stream; the shared steps are in ../glue.h. The kernels (fwd_launch.cuh, bwd_launch.cuh) encode
 // their TMA tensor maps from the params.
@@ -244,6 +245,31 @@ int64_t forward_config_workspace(const std::string& name, int64_t batch, int64_t
   return static_cast<int64_t>(plan.workspace_bytes);
 }
 
+// The tail split (sm90/bwd_tail.h) a backward call of a built config makes on the current device:
+// (first_block, blocks, pieces), pieces = 0 for none.
+std::tuple<int64_t, int64_t, int64_t> backward_config_tail_split(const std::string& name, int64_t batch,
+                                                                 int64_t seqlen_q, int64_t seqlen_k,
+                                                                 int64_t heads_q, int64_t heads_k, bool causal) {
+  const Sm90BwdKernel& k = backward_kernel(name);
+  TORCH_CHECK(batch > 0 && seqlen_q > 0 && seqlen_k > 0 && heads_k > 0 && heads_q % heads_k == 0 &&
+                  batch <= 65535 && heads_q <= 65535 && seqlen_q < std::numeric_limits<int>::max() - 1024 &&
+                  seqlen_k < std::numeric_limits<int>::max() - 1024,
+              "backward_config_tail_split: sizes out of range");
+  BwdParams p{};
+  p.batch = static_cast<int>(batch);
+  p.seqlen_q = static_cast<int>(seqlen_q);
+  p.seqlen_k = static_cast<int>(seqlen_k);
+  p.heads_q = static_cast<int>(heads_q);
+  p.heads_k = static_cast<int>(heads_k);
+  p.head_ratio = static_cast<int>(heads_q / heads_k);
+  p.headdim = k.headdim;
+  p.causal = causal;
+  if (causal) p.variants.window_right = 0;
+  p.sm_count = device(c10::cuda::current_device(), "backward_config_tail_split").sm_count;
+  k.plan(p);
+  return {p.tail.first_block, p.tail.blocks, p.tail.pieces};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, const at::Tensor& q,
                                                         const at::Tensor& k, const at::Tensor& v,
                                                         const at::Tensor& out, const at::Tensor& softmax_lse,
@@ -299,7 +325,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dout, 
                     q.device());
   return run_backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dims, dev,
                       kernel.block_m, kernel.headdim, kernel.launch, kernel.name, variants,
-                      is_packed ? &packed : nullptr);
+                      is_packed ? &packed : nullptr, kernel.plan);
 }
 
 std::vector<std::string> built_backward_configs() {
@@ -358,4 +384,8 @@ PYBIND11_MODULE(_C_sm90, m) {
         "Names of the sm90 backward kernel configs compiled into this module, in registry order.");
   m.def("backward_config_smem", &glue::backward_config_smem, py::arg("name"),
         "Dynamic shared memory per block (bytes) of a built sm90 backward config.");
+  m.def("backward_config_tail_split", &glue::backward_config_tail_split, py::arg("name"), py::arg("batch"),
+        py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("heads_q"), py::arg("heads_k"), py::arg("causal"),
+        "The tail split of a backward call of a built sm90 config on the current device: (first_block, blocks, "
+        "pieces); pieces = 0: none (csrc/cuda/sm90/bwd_tail.h).");
 }

@@ -61,6 +61,7 @@
 
 #include "../bwd_params.h"
 #include "bwd_lpt.h"
+#include "bwd_tail.h"
 #include "primitives.cuh"
 #include "softmax.cuh"
 
@@ -94,6 +95,8 @@ struct Sm90BwdTraits {
   static constexpr bool kPacked = false;
   // The longest-first block order is the build Sm90BwdLpt<traits> (below).
   static constexpr bool kLongestFirst = false;
+  // The pieces of a tail split are the build Sm90BwdTail<traits> (below).
+  static constexpr bool kTail = false;
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128, "the sm90 backward takes D = 64, 96 or 128");
   // Q, dO and V tiles (K too, except at D = 96: kKColBlock below) are column blocks of kColBlock
   // elements, one swizzle span per row, as the TMA maps write them (the forward's layouts, fwd_traits.cuh): 64 (128 bytes, 128B swizzle, 1024-byte
@@ -389,6 +392,21 @@ __device__ __forceinline__ BwdBlock bwd_block(const BwdParams& p) {
   return BwdBlock{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
 }
 
+// ------------------------------------------------------------------ tail split
+// A dense non-causal call whose last wave of blocks is at most half full (bwd_tail.h; the launch's p.tail) runs
+// those blocks as pieces over runs of their query steps: Sm90BwdTail<traits>, a kernel of their own launched
+// before the dense build, whose CTAs for them return at once. A piece adds its dK and dV into a workspace
+// (p.dkv_tail) that bwd_convert_tail_kernel writes out; dQ it adds as every block does. The dense build's walk
+// is unchanged (its code differs only in that first return).
+template <class T>
+constexpr bool bwd_takes_tail_split = !T::kWide && !T::kVariants && !T::kLongestFirst && !T::kTail;
+
+template <class T>
+struct Sm90BwdTail : T {
+  static_assert(bwd_takes_tail_split<T>, "the tail split runs the dense build's blocks");
+  static constexpr bool kTail = true;
+};
+
 // The consumer index of warpgroup wg (warpgroup 1 is consumer 0), through a shuffle so that the compiler knows it is
 // warp-uniform: addresses and branches on it keep the uniform datapath. The variants and packed builds take the plain
 // value: with the shuffle their loops spill (4-8 bytes at d128).
@@ -612,6 +630,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   constexpr int kConsumerThreads = 128 * T::kConsumers;
   using Elem = typename std::conditional<T::kBf16, __nv_bfloat16, __half>::type;
 
+  if constexpr (bwd_takes_tail_split<T>) {
+    // Blocks of a tail split run as the pieces of Sm90BwdTail<T> (a kernel of their own, launched first).
+    if (p.tail.pieces > 0 && int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) >= p.tail.first_block)
+      return;
+  }
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = base + T::kKOff, sV = base + T::kVOff;
@@ -619,7 +642,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   auto bar_full = [&](int s) { return bar_kv + 8u * (1 + s); };
   auto bar_empty = [&](int s) { return bar_kv + 8u * (1 + T::kStages + s); };
 
-  const BwdBlock block = bwd_block<T>(p);
+  // Sm90BwdTail: CTA i is piece i % pieces of split block i / pieces (bwd_tail.h).
+  const BwdBlock block = T::kTail ? bwd_tail_work<uint32_t>(uint32_t(p.tail.first_block) + blockIdx.x, p.tail,
+                                                            uint32_t(p.seqlen_k + kBN - 1) / kBN, uint32_t(p.heads_k))
+                                        .block
+                                  : bwd_block<T>(p);
   const int n_block = block.n_block, hk = block.hk, b = block.b;
   const int key0 = n_block * kBN;
   // Packed: the sequence; a key tile past the rows it owns is the next sequence's (nothing to do).
@@ -635,7 +662,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   const int q_row0 = T::kPacked ? seq.q_start : 0, k_row0 = T::kPacked ? seq.k_start : 0;
   int m_first, per_head;  // query tiles m_first .. m_first + per_head - 1 of each query head
   bwd_query_tiles<T>(p, key0, seqlen_q(), seqlen_k(), m_first, per_head);
-  const int total = per_head * p.head_ratio;  // steps: (query head of the group, query tile)
+  // Steps (query head of the group, query tile) step_begin .. total - 1: all of them, or a piece's (Sm90BwdTail;
+  // from a multiple of kBwdTailQuantum, so that the stage indices and phases below, counted from step 0, hold).
+  int step_begin = 0, total = per_head * p.head_ratio;
+  if constexpr (T::kTail) bwd_tail_steps(total, p.tail.pieces, int(blockIdx.x) % p.tail.pieces, step_begin, total);
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -656,17 +686,17 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   if (wg == 0) {
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<T::kProducerRegs>();
-    if (tid == 0 && total > 0) {
+    if (tid == 0 && total > step_begin) {
       mbar_arrive_expect_tx(bar_kv, 2 * T::kKVTile);
       for (int h = 0; h < T::kKBlocks; ++h) {
         tma_load_4d(&tm_k, sK + h * T::kKBlock, bar_kv, T::kKColBlock * h, k_row0 + key0, hk, tma_b);
         if (h < T::kDBlocks)
           tma_load_4d(&tm_v, sV + h * T::kKVBlock, bar_kv, T::kColBlock * h, k_row0 + key0, hk, tma_b);
       }
-      for (int it = 0; it < total; ++it) {
+      for (int it = step_begin; it < total; ++it) {
         const int s = it % T::kStages;
         const uint32_t use = it / T::kStages;
-        if (use > 0) mbar_wait(bar_empty(s), (use - 1) & 1);
+        if (T::kTail ? it >= step_begin + T::kStages : use > 0) mbar_wait(bar_empty(s), (use - 1) & 1);
         const int hq = hk * p.head_ratio + it / per_head;
         const int m = m_first + it % per_head;
         const uint32_t full = bar_full(s);
@@ -686,11 +716,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     if constexpr (T::kDQBulk) {
       // The dQ writer (warp 1): per step, each consumer's boxes reduce-added into the fp32 accumulator (see add_dq
       // below), and handed back once read.
-      if (tid / 32 == 1 && total > 0) {
+      if (tid / 32 == 1 && total > step_begin) {
         const bool lane0 = tid % 32 == 0;
         named_bar_arrive<T::kDQEmptyBar, T::kDQBarThreads>();  // the boxes start free
         if (T::kConsumers > 1) named_bar_arrive<T::kDQEmptyBar + 1, T::kDQBarThreads>();
-        for (int it = 0; it < total; ++it) {
+        for (int it = step_begin; it < total; ++it) {
           const int hq = hk * p.head_ratio + it / per_head;
           const int q0 = (m_first + it % per_head) * kBM;
 #pragma unroll
@@ -738,10 +768,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
 
-  if (total > 0) mbar_wait(bar_kv, 0);
+  if (total > step_begin) mbar_wait(bar_kv, 0);
   if constexpr (T::kPacked) {
     // Keys past used_k in the tile (rows past seqused_k, or the next sequence's): zero rows of K and V.
-    if (total > 0 && key0 + kBN > seq.used_k) {
+    if (total > step_begin && key0 + kBN > seq.used_k) {
       bwd_zero_rows<T::kKBlocks, T::kKBlock, T::kKRowBytes, kBN, kConsumerThreads>(sK, seq.used_k - key0, tid - 128);
       bwd_zero_rows<T::kDBlocks, T::kKVBlock, T::kRowBytes, kBN, kConsumerThreads>(sV, seq.used_k - key0, tid - 128);
       fence_proxy_async_smem();
@@ -751,7 +781,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
 
   constexpr uint32_t kDOFromQ = T::kDOOff - T::kQOff;  // dO's descriptors: Q's, moved by this
 
-  for (int it = 0; it < total; ++it) {
+  for (int it = step_begin; it < total; ++it) {
     const int s = it % T::kStages;
     const int hq = hk * p.head_ratio + it / per_head;
     const int m = m_first + it % per_head;
@@ -1030,6 +1060,26 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     mbar_arrive(bar_empty(s));
   }
 
+  if constexpr (T::kTail) {
+    // A piece: its dK (unscaled) and dV added into its split block's workspace rows (fp32), which
+    // bwd_convert_tail_kernel scales and writes.
+    float* wdk = p.dkv_tail + int64_t(int(blockIdx.x) / p.tail.pieces) * 2 * kBN * kD;
+    float* wdv = wdk + kBN * kD;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 64 * c + 16 * warp + g + 8 * h;
+      if (key0 + row < p.seqlen_k) {
+#pragma unroll
+        for (int i = 0; i < kD / 8; ++i) {
+          if (8 * i >= p.headdim) break;
+          red_add_v2(wdk + row * kD + 8 * i + 2 * t, acc_dk[4 * i + 2 * h], acc_dk[4 * i + 2 * h + 1]);
+          red_add_v2(wdv + row * kD + 8 * i + 2 * t, acc_dv[4 * i + 2 * h], acc_dv[4 * i + 2 * h + 1]);
+        }
+      }
+    }
+    return;
+  }
+
   // dK * scale and dV from registers (rows = keys key_lo, key_lo + 8; columns 8i + 2t, n8 blocks
   // at or past the head dimension skipped).
   // Packed: the sequence's rows from k_start, those it owns (len_k) written, zeros past used_k. Its bounds
@@ -1094,6 +1144,36 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
 #endif
 }
 
+// The split blocks' dK (times softmax_scale) and dV from the workspace (bwd_tail.h) into dk and dv: one CTA per
+// split block, a thread per 8 columns of a row (16-byte stores), rows past Sk and columns past the head dimension
+// skipped. Runs after the main kernel (stream order).
+template <class T>
+__global__ void __launch_bounds__(256) bwd_convert_tail_kernel(const __grid_constant__ BwdParams p) {
+  using Elem = typename std::conditional<T::kBf16, __nv_bfloat16, __half>::type;
+  constexpr int kBN = T::kBlockN, kD = T::kHeadDim, kChunks = kD / 8;
+  const int unit = blockIdx.x;
+  const BwdBlock block = bwd_plain_block<uint32_t>(uint32_t(p.tail.first_block + unit),
+                                                   uint32_t(p.seqlen_k + kBN - 1) / kBN, uint32_t(p.heads_k));
+  const float* wdk = p.dkv_tail + int64_t(unit) * 2 * kBN * kD;
+  const float* wdv = wdk + kBN * kD;
+  Elem* gdk = static_cast<Elem*>(p.dk) + int64_t(block.b) * p.dk_batch_stride + int64_t(block.hk) * p.dk_head_stride;
+  Elem* gdv = static_cast<Elem*>(p.dv) + int64_t(block.b) * p.dv_batch_stride + int64_t(block.hk) * p.dv_head_stride;
+  for (int idx = threadIdx.x; idx < kBN * kChunks; idx += blockDim.x) {
+    const int row = idx / kChunks, col = 8 * (idx % kChunks), key = block.n_block * kBN + row;
+    if (key >= p.seqlen_k || col >= p.headdim) continue;
+    const float4* sk = reinterpret_cast<const float4*>(wdk + row * kD + col);
+    const float4* sv = reinterpret_cast<const float4*>(wdv + row * kD + col);
+    const float4 k0 = sk[0], k1 = sk[1], v0 = sv[0], v1 = sv[1];
+    const float sc = p.scale;
+    *reinterpret_cast<uint4*>(gdk + int64_t(key) * p.dk_row_stride + col) =
+        make_uint4(pack2<T::kBf16>(k0.x * sc, k0.y * sc), pack2<T::kBf16>(k0.z * sc, k0.w * sc),
+                   pack2<T::kBf16>(k1.x * sc, k1.y * sc), pack2<T::kBf16>(k1.z * sc, k1.w * sc));
+    *reinterpret_cast<uint4*>(gdv + int64_t(key) * p.dv_row_stride + col) =
+        make_uint4(pack2<T::kBf16>(v0.x, v0.y), pack2<T::kBf16>(v0.z, v0.w), pack2<T::kBf16>(v1.x, v1.y),
+                   pack2<T::kBf16>(v1.z, v1.w));
+  }
+}
+
 // ------------------------------------------------------------------ wide tiles (D = 160 .. 256)
 // At D >= 160 the 128-key CTA does not fit: dV_c + dK_c over 64 keys and all D columns would be D fp32
 // registers per consumer thread (192 at D = 192) beside S^T, dP^T and dQ. The wide kernel takes B_c = 64
@@ -1128,6 +1208,7 @@ struct Sm90BwdWideTraits {
   static constexpr bool kSupportsVariants = !kKeySplit && !kTransposedKV;
   static constexpr bool kPacked = false;  // see Sm90BwdTraits; built where the variants are
   static constexpr bool kLongestFirst = false;  // see Sm90BwdTraits
+  static constexpr bool kTail = false;          // see Sm90BwdTraits
   static constexpr bool kDQBulk = false;        // dQ adds from registers (kDQLayout below)
   // red.global.add.v4 in the accumulator's fragment order (bwd_params.h, bwd_add_dq_fragments): half the add
   // instructions of row order's v2 and 512 contiguous bytes a warp instruction.

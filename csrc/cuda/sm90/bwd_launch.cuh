@@ -41,10 +41,30 @@ cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUt
   }();
   const cudaError_t err = set_kernel_smem_once(configured, kernel, K::kSmemBytes, two_ctas);
   if (err != cudaSuccess) return err;
-  const dim3 grid((p.seqlen_k + K::kBlockN - 1) / K::kBlockN, p.heads_k, p.batch);
+  // Sm90BwdTail: one CTA per piece of the split blocks (bwd_tail.h).
+  const dim3 grid = K::kTail ? dim3(unsigned(p.tail.blocks * p.tail.pieces))
+                             : dim3((p.seqlen_k + K::kBlockN - 1) / K::kBlockN, p.heads_k, p.batch);
   if constexpr (K::kWide) kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, tdo, p);
   else kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, tdo, tdq, p);
   return cudaGetLastError();
+}
+
+// The tail split of a call (bwd_tail.h): set into p.tail, with the workspace floats it needs (p.dkv_tail, which
+// the glue allocates; launch_bwd zeroes it). Dense non-causal calls of the dense build only: their blocks cost
+// alike.
+template <class T>
+std::size_t plan_bwd(BwdParams& p) {
+  p.tail = BwdTailSplit{0, 0, 0};
+  if constexpr (bwd_takes_tail_split<T>) {
+    if (p.causal || p.deterministic || p.packed.packed() || bwd_variants_requested(p.variants) || p.sm_count < 1)
+      return 0;
+    const int64_t blocks = int64_t((p.seqlen_k + T::kBlockN - 1) / T::kBlockN) * p.heads_k * p.batch;
+    const int64_t steps = int64_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM) * p.head_ratio;
+    if (steps > 0x7fffffff) return 0;
+    p.tail = bwd_tail_split(blocks, p.sm_count * T::kCtasPerSm, int(steps));
+    return std::size_t(p.tail.blocks) * 2 * T::kBlockN * T::kHeadDim;
+  }
+  return 0;
 }
 
 // p.variants (windows, softcap, ALiBi) run the variants build when bwd_variants_requested, a packed batch
@@ -61,11 +81,19 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   const bool packed = p.packed.packed();
   if ((variants || packed) && !T::kSupportsVariants) return cudaErrorNotSupported;
   if (packed && (p.packed.total_q < 1 || p.packed.total_k < 1)) return cudaErrorInvalidValue;
+  const bool split = p.tail.pieces > 0;
+  if (split && (!bwd_takes_tail_split<T> || variants || packed || p.causal || p.dkv_tail == nullptr))
+    return cudaErrorInvalidValue;
+  // The preprocess first: its launch runs while the host encodes the tensor maps.
+  const sm80::bwd::BwdGrids g = sm80::bwd::bwd_grids<Aux, T::kDQLayout>(p);
+  sm80::bwd::bwd_preprocess_kernel<Aux><<<dim3(g.pre[0], g.pre[1], g.pre[2]), sm80::bwd::kAuxThreads, 0, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
   const int64_t maps_batch = packed ? 1 : p.batch;
   const int64_t rows_q = packed ? p.packed.total_q : p.seqlen_q, rows_k = packed ? p.packed.total_k : p.seqlen_k;
   CUtensorMap tq, tk, tv, tdo;
-  cudaError_t err = encode_bshd(&tq, T::kBf16, p.q, maps_batch, rows_q, p.heads_q, p.headdim, p.q_batch_stride,
-                                p.q_row_stride, p.q_head_stride, T::kBlockM, T::kColBlock);
+  err = encode_bshd(&tq, T::kBf16, p.q, maps_batch, rows_q, p.heads_q, p.headdim, p.q_batch_stride, p.q_row_stride,
+                    p.q_head_stride, T::kBlockM, T::kColBlock);
   if (err == cudaSuccess)
     err = encode_bshd(&tdo, T::kBf16, p.dout, maps_batch, rows_q, p.heads_q, p.headdim, p.do_batch_stride,
                       p.do_row_stride, p.do_head_stride, T::kBlockM, T::kColBlock);
@@ -83,11 +111,14 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
                             T::kHeadDim, T::kDQRows);
   }
   if (err != cudaSuccess) return err;
-
-  const sm80::bwd::BwdGrids g = sm80::bwd::bwd_grids<Aux, T::kDQLayout>(p);
-  sm80::bwd::bwd_preprocess_kernel<Aux><<<dim3(g.pre[0], g.pre[1], g.pre[2]), sm80::bwd::kAuxThreads, 0, stream>>>(p);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  if constexpr (bwd_takes_tail_split<T>) {
+    if (split) {  // the pieces first: the dense build's CTAs for their blocks return at once
+      err = cudaMemsetAsync(p.dkv_tail, 0,
+                            std::size_t(p.tail.blocks) * 2 * T::kBlockN * T::kHeadDim * sizeof(float), stream);
+      if (err == cudaSuccess) err = launch_bwd_main<Sm90BwdTail<T>>(p, tq, tk, tv, tdo, tdq, stream);
+      if (err != cudaSuccess) return err;
+    }
+  }
   err = cudaErrorNotSupported;
   if constexpr (T::kSupportsVariants) {
     if (packed) err = launch_bwd_main<Sm90BwdPacked<T>>(p, tq, tk, tv, tdo, tdq, stream);
@@ -97,6 +128,9 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   sm80::bwd::bwd_convert_dq_kernel<Aux, T::kDQLayout>
       <<<dim3(g.conv[0], g.conv[1], g.conv[2]), sm80::bwd::kAuxThreads, 0, stream>>>(p);
+  if constexpr (bwd_takes_tail_split<T>) {
+    if (split) bwd_convert_tail_kernel<T><<<p.tail.blocks, 256, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 

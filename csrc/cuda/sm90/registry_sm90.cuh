@@ -85,6 +85,9 @@ struct Sm90BwdKernel {
   // (csrc/cuda/glue.h); cudaErrorInvalidValue for arguments the kernel does not take
   // (another head dimension, deterministic mode).
   cudaError_t (*launch)(const BwdParams&, cudaStream_t);
+  // Sets the call's tail split into the params (sm90/bwd_tail.h) and returns the workspace floats it needs
+  // (p.dkv_tail), 0 for none; called by the glue before launch.
+  std::size_t (*plan)(BwdParams&);
   DType dtype;
   int headdim;
   int block_m;
@@ -102,12 +105,14 @@ int num_sm90_bwd_kernels();
 // The launcher of a backward config (defined in bwd_launch.cuh, instantiated per config) and its table entry.
 template <class T>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream);
+template <class T>
+std::size_t plan_bwd(BwdParams& p);
 
 template <class T>
 constexpr Sm90BwdKernel bwd_entry(const char* name) {
-  return Sm90BwdKernel{name,          &launch_bwd<T>, T::kBf16 ? DType::kBf16 : DType::kFp16,
-                       T::kHeadDim,   T::kBlockM,     T::kBlockN,
-                       T::kSmemBytes, T::kSupportsVariants};
+  return Sm90BwdKernel{name,        &launch_bwd<T>, &plan_bwd<T>,  T::kBf16 ? DType::kBf16 : DType::kFp16,
+                       T::kHeadDim, T::kBlockM,     T::kBlockN,    T::kSmemBytes,
+                       T::kSupportsVariants};
 }
 
 }  // namespace sm90
