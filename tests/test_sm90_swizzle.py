@@ -875,6 +875,24 @@ def test_bwd_lpt_configs_listed_after_the_plain_ones():
             cfg.HopperBackwardConfig.parse(bad)
 
 
+def run_host_check(tmp_path, name, source):
+    """Compiles the C++ program `source` with g++ (include path csrc/cuda) and runs it; it passes by exiting 0 with
+    output starting "OK"."""
+    import os
+    import shutil
+    import subprocess
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src, binary = tmp_path / f"{name}.cpp", str(tmp_path / name)
+    src.write_text(source)
+    result = subprocess.run(["g++", "-std=c++17", "-O2", f"-I{os.path.join(root, 'csrc', 'cuda')}", str(src), "-o",
+                             binary], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    result = subprocess.run([binary], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.startswith("OK"), result.stdout[-2000:]
+
+
 _LPT_HOST_CHECK = r"""
 #include <cstdio>
 #include <vector>
@@ -939,19 +957,7 @@ def test_bwd_lpt_header_on_the_host(tmp_path):
     """csrc/cuda/sm90/bwd_lpt.h compiled by g++: bwd_lpt_block a bijection (uint32_t, as the kernel runs it,
     and int64_t) for every n_tiles <= 40, heads_k <= 9, batch <= 6, group size 1 .. pairs + 2, the plain order
     at group size 1; bwd_lpt_pairs equal to bwd_lpt_group_pairs over device, L2 and problem sizes."""
-    import os
-    import shutil
-    import subprocess
-    if shutil.which("g++") is None:
-        pytest.skip("needs g++")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    src, binary = tmp_path / "lpt_check.cpp", str(tmp_path / "lpt_check")
-    src.write_text(_LPT_HOST_CHECK)
-    result = subprocess.run(["g++", "-std=c++17", "-O2", f"-I{os.path.join(root, 'csrc', 'cuda')}", str(src), "-o",
-                             binary], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
-    result = subprocess.run([binary], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and result.stdout.startswith("OK"), result.stdout[-2000:]
+    run_host_check(tmp_path, "lpt_check", _LPT_HOST_CHECK)
 
 
 # ---------------------------------------------------------------- the backward's tail split
@@ -1029,16 +1035,4 @@ def test_bwd_tail_split_header_on_the_host(tmp_path):
     """csrc/cuda/sm90/bwd_tail.h compiled by g++: over problems of up to 9 key tiles, 70 kv heads, 5 batch entries
     and 300 steps on waves of 2 .. 264 CTAs, the split is made exactly when the last wave is at most half full after
     a full one, and its grid computes every (block, query step) exactly once, pieces starting on whole quanta."""
-    import os
-    import shutil
-    import subprocess
-    if shutil.which("g++") is None:
-        pytest.skip("needs g++")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    src, binary = tmp_path / "tail_check.cpp", str(tmp_path / "tail_check")
-    src.write_text(_TAIL_HOST_CHECK)
-    result = subprocess.run(["g++", "-std=c++17", "-O2", f"-I{os.path.join(root, 'csrc', 'cuda')}", str(src), "-o",
-                             binary], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
-    result = subprocess.run([binary], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and result.stdout.startswith("OK"), result.stdout[-2000:]
+    run_host_check(tmp_path, "tail_check", _TAIL_HOST_CHECK)

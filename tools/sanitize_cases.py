@@ -77,6 +77,23 @@ def cases(width, few_shapes=False):
     return [(width, s) for s in SHAPES] + [(d, s) for d in narrower for s in NARROWER_SHAPES]
 
 
+def backward_matches_cpu(name, dtype, headdim, shape, causal, deterministic):
+    """The backward config `name` on fresh inputs of `shape` (batch, seqlen_q, seqlen_k, heads_q, heads_k) against
+    the CPU kernels' gradients; prints a FAIL line when they differ."""
+    b, sq, sk, hq, hk = shape
+    q = torch.randn(b, sq, hq, headdim, device="cuda", dtype=dtype)
+    k, v = (torch.randn(b, sk, hk, headdim, device="cuda", dtype=dtype) for _ in range(2))
+    out, lse = torch.ops.flashop.forward(q, k, v, None, causal)
+    dout = torch.randn_like(out)
+    grads = torch.ops.flashop.backward(dout, q, k, v, out, lse, None, causal, name, deterministic)
+    cpu = [t.cpu().float() for t in (dout, q, k, v, out)]
+    err = grad_error(grads, torch.ops.flashop.backward(*cpu, lse.cpu(), None, causal))
+    if not err < 5e-2:
+        print(f"FAIL {name} d{headdim} {shape} causal={causal}: max relative grad error {err:.3e}")
+        return False
+    return True
+
+
 def tail_split_names():
     """Built Hopper backward configs that split a last wave (csrc/cuda/sm90/bwd_tail.h: the plain builds up to W 128)."""
     names = flashop.dispatch.built_configs("backward")
@@ -190,30 +207,10 @@ def main(patterns, variants_only=False, few_shapes=False):
             for causal, deterministic in ((False, False), (True, not name.startswith("sm90.bwd."))):
                 if few_shapes:
                     print(f"case {name} d{headdim} {(b, sq, sk, hq, hk)} causal={causal}", flush=True)
-                q = torch.randn(b, sq, hq, headdim, device="cuda", dtype=dtype)
-                k, v = (torch.randn(b, sk, hk, headdim, device="cuda", dtype=dtype) for _ in range(2))
-                out, lse = torch.ops.flashop.forward(q, k, v, None, causal)
-                dout = torch.randn_like(out)
-                grads = torch.ops.flashop.backward(dout, q, k, v, out, lse, None, causal, name, deterministic)
-                cpu = [t.cpu().float() for t in (dout, q, k, v, out)]
-                ref = torch.ops.flashop.backward(*cpu, lse.cpu(), None, causal)
-                err = grad_error(grads, ref)
-                if not err < 5e-2:
-                    failures += 1
-                    print(f"FAIL {name} d{headdim} {(b, sq, sk, hq, hk)} causal={causal}: max relative grad error {err:.3e}")
+                failures += not backward_matches_cpu(name, dtype, headdim, (b, sq, sk, hq, hk), causal, deterministic)
         if not few_shapes and name in tail_split_names():
             # A last wave of 1-3 blocks after a full one, blocks of 64 query tiles: the tail split's pieces run.
-            b, sq, sk, hq, hk = tail_split_shape(name)
-            q = torch.randn(b, sq, hq, width, device="cuda", dtype=dtype)
-            k, v = (torch.randn(b, sk, hk, width, device="cuda", dtype=dtype) for _ in range(2))
-            out, lse = torch.ops.flashop.forward(q, k, v, None, False)
-            dout = torch.randn_like(out)
-            grads = torch.ops.flashop.backward(dout, q, k, v, out, lse, None, False, name, False)
-            cpu = [t.cpu().float() for t in (dout, q, k, v, out)]
-            err = grad_error(grads, torch.ops.flashop.backward(*cpu, lse.cpu(), None, False))
-            if not err < 5e-2:
-                failures += 1
-                print(f"FAIL {name} tail split {(b, sq, sk, hq, hk)}: max relative grad error {err:.3e}")
+            failures += not backward_matches_cpu(name, dtype, width, tail_split_shape(name), False, False)
         if not flashop.dispatch.runs_variants(flashop.dispatch.parse_config(name)):
             continue
         for variant in VARIANTS:
