@@ -11,18 +11,22 @@ conversion, torch's own fills and copies) the time goes to.
     python3 tools/probes/kernel_breakdown.py --direction forward+backward --seqlens 2048 --timeline
         # each call as the benchmark runs it (after an L2 flush): every kernel's start after the flush ended and
         # the GPU's idle time before it (median over the calls)
+    python3 tools/probes/kernel_breakdown.py --composition --seqlens 2048 16384 --causal
+        # fwd, bwd and fwd+bwd of each implementation timed in one process: what the training step's call costs
+        # beyond its forward and its backward timed apart
 
 Same shapes as the benchmark: batch x seqlen = 32768 tokens, 2048 / headdim query heads.
 """
 import argparse
 import collections
+import dataclasses
 import statistics
 
 import torch
 import triton.testing
 from torch.profiler import ProfilerActivity, profile
 
-from flashop.bench import Case, make_runner
+from flashop.bench import MODES, Case, make_runner
 
 
 def breakdown(fn, repeats):
@@ -73,6 +77,19 @@ def timeline(fn, repeats):
             for (_, name), (a, b, c) in sorted(rows.items())]
 
 
+def composition(impl, case, rounds):
+    """Median ms of the forward, the backward and the forward+backward call of one implementation on the case's
+    shape (the benchmark's runners and timing), the three timed in turn `rounds` times in this process."""
+    runners = {mode: make_runner(impl, dataclasses.replace(case, mode=mode), "cuda") for mode in MODES}
+    for fn in runners.values():
+        fn()
+    samples = {mode: [] for mode in MODES}
+    for _ in range(rounds):
+        for mode, fn in runners.items():
+            samples[mode].append(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    return {mode: statistics.median(ms) for mode, ms in samples.items()}
+
+
 def named_backward_runner(case, config):
     """The backward op with a named backward config on the case's inputs (the forward run once beforehand by
     the policy's pick): the benchmark's runners name forward configs only."""
@@ -94,6 +111,10 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeline", action="store_true",
                         help="each kernel's start and the idle time before it, calls run behind an L2 flush")
+    parser.add_argument("--composition", action="store_true",
+                        help="per implementation: fwd, bwd and fwd+bwd timed in one process, and what the "
+                             "fwd+bwd call costs beyond the other two")
+    parser.add_argument("--rounds", type=int, default=3, help="--composition: turns of the three timings")
     parser.add_argument("--configs", nargs="*", default=[],
                         help="flashop kernel configs to time as well, next to the policy's pick")
     args = parser.parse_args()
@@ -103,6 +124,14 @@ def main():
         case = Case(args.dtype, args.headdim, seqlen, max(1, 32768 // seqlen), 2048 // args.headdim, args.causal, mode)
         print(f"\n## {args.direction} {args.dtype} d{args.headdim} seqlen {seqlen} causal={args.causal} "
               f"({case.batch}x{case.heads}); ms per call")
+        if args.composition:
+            print("impl     fwd / bwd / fwd+bwd (ms), fwd+bwd - fwd - bwd")
+            for impl in ("flashop", "flash", "cudnn"):
+                ms = composition(impl, case, args.rounds)
+                extra = ms["fwd+bwd"] - ms["fwd"] - ms["bwd"]
+                print(f"{impl:8s} {ms['fwd']:8.3f} {ms['bwd']:8.3f} {ms['fwd+bwd']:8.3f}  {extra:+7.3f} "
+                      f"({100 * extra / (ms['fwd'] + ms['bwd']):+.1f}%)")
+            continue
         runs = [("flashop", None)] + [("flashop", c) for c in args.configs] + [("flash", None), ("cudnn", None)]
         for impl, config in runs:
             if config is not None and args.direction == "backward":
