@@ -1,6 +1,6 @@
 """SM clock and board power while one attention implementation runs back to back.
 
-    python3 tools/probes/power_probe.py --dtype bf16 --headdim 128 --seqlen 8192 --seconds 4
+    python3 tools/probes/power_probe.py --dtype bf16 --headdim 128 --seqlen 8192 --seconds 4 [--mode bwd]
 
 Each implementation (flashop, cuDNN, flashop again; then a plain matmul for reference) runs alone for
 --seconds on the benchmark's shape (batch x seqlen = 32768 tokens, 2048 / headdim heads) while nvidia-smi
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from flashop.bench import DTYPES, Case, make_runner
+from flashop.bench import DTYPES, MODES, Case, make_runner
 
 
 def main():
@@ -28,6 +28,8 @@ def main():
     parser.add_argument("--headdim", type=int, default=128)
     parser.add_argument("--seqlen", type=int, default=8192)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--mode", choices=MODES, default="fwd",
+                        help="the benchmark's mode: the forward, the backward, or a forward+backward call")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--config", default=None, help="flashop config (default: the policy's pick)")
     parser.add_argument("--gemm", type=int, default=8192, metavar="N",
@@ -35,7 +37,7 @@ def main():
                              "this power limit without a softmax (0: leave it out)")
     args = parser.parse_args()
     case = Case(args.dtype, args.headdim, args.seqlen, max(1, 32768 // args.seqlen), 2048 // args.headdim,
-                args.causal, "fwd")
+                args.causal, args.mode)
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
                             "-lms", "100"], stdout=subprocess.PIPE, text=True)
     windows = []
@@ -73,7 +75,7 @@ def main():
         if len(row) == 3:
             stamp = datetime.datetime.strptime(row[0].strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
             samples.append((stamp, float(row[1]), float(row[2])))
-    print(f"{case.dtype} d{case.headdim} seqlen {case.seqlen} causal={case.causal}: "
+    print(f"{case.mode} {case.dtype} d{case.headdim} seqlen {case.seqlen} causal={case.causal}: "
           f"{torch.cuda.get_device_name()}, {len(samples)} samples")
     print("| implementation | TFLOP/s | SM MHz | W | TFLOP/s per GHz |")
     print("|---|---|---|---|---|")
