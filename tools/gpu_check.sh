@@ -33,6 +33,10 @@
 #             BENCH_ARGS applies here too.
 #   compare   every candidate config timed per shape, relative to the fastest (flashop.tune --dry-run, no cache
 #             written); COMPARE_ARGS narrows it, e.g. "--headdims 128 --directions backward". $OUT/compare.log.
+#   composition  what a training step's call costs beyond its forward and backward timed apart
+#             (tools/probes/kernel_breakdown.py --composition, causal and not; COMPOSITION_ARGS, default "--seqlens 2048
+#             16384"), then the SM clock and power of each mode (tools/probes/power_probe.py --mode fwd / bwd /
+#             fwd+bwd at POWER_ARGS, default "--seqlen 2048 --causal --seconds 3 --gemm 0"). $OUT/composition.log.
 #   policy    tune into a scratch cache, then the policy's picks against the best config per shape
 #             (TUNE_ARGS: flashop.tune arguments). $OUT/policy.md, $OUT/tuned_cache.json.
 #   fa2       FlashAttention-2's tests/test_flash_attn.py through tools/fa2_suite (FA2_TEST: the file, default
@@ -46,7 +50,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 usage() { sed -n '2,/^set -uo/{/^#/{s/^# \{0,1\}//;p}}' "$0"; }
-known=" prebuilt build pack test sanitize bench variants varlen decode quick compare policy fa2 profile "
+known=" prebuilt build pack test sanitize bench variants varlen decode quick compare composition policy fa2 profile "
 for arg in "$@"; do
   case "$arg" in
     -h|--help) usage; exit 0 ;;
@@ -137,6 +141,17 @@ if has compare; then
   step "compare configs"
   python3 -m flashop.tune --dry-run ${COMPARE_ARGS:---dtypes bf16 --headdims 64 128 --seqlens 1024 4096 16384} 2>&1 \
     | grep -v "it/s\]" | tee "$OUT/compare.log" | cut -c1-400
+fi
+if has composition; then
+  step "composition: fwd+bwd against fwd + bwd, clocks and power per mode"
+  for causal in "" "--causal"; do
+    python3 tools/probes/kernel_breakdown.py --composition ${COMPOSITION_ARGS:---seqlens 2048 16384} $causal 2>&1 \
+      | grep -v "Warn\|warn" | tee -a "$OUT/composition.log"
+  done
+  for mode in fwd bwd fwd+bwd; do
+    python3 tools/probes/power_probe.py --mode "$mode" ${POWER_ARGS:---seqlen 2048 --causal --seconds 3 --gemm 0} 2>&1 \
+      | tee -a "$OUT/composition.log" | tail -5
+  done
 fi
 if has policy; then
   step "policy vs best (tunes into a scratch cache)"
