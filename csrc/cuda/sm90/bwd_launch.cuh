@@ -49,6 +49,12 @@ cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUt
   return cudaGetLastError();
 }
 
+// The floats of the tail split's dK/dV workspace (p.dkv_tail): [tail.blocks][2][B_c][W].
+template <class T>
+std::size_t bwd_tail_workspace_floats(const BwdTailSplit& tail) {
+  return std::size_t(tail.blocks) * 2 * T::kBlockN * T::kHeadDim;
+}
+
 // The tail split of a call (bwd_tail.h): set into p.tail, with the workspace floats it needs (p.dkv_tail, which
 // the glue allocates; launch_bwd zeroes it). Dense non-causal calls of the dense build only: their blocks cost
 // alike.
@@ -62,7 +68,7 @@ std::size_t plan_bwd(BwdParams& p) {
     const int64_t steps = int64_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM) * p.head_ratio;
     if (steps > 0x7fffffff) return 0;
     p.tail = bwd_tail_split(blocks, p.sm_count * T::kCtasPerSm, int(steps));
-    return std::size_t(p.tail.blocks) * 2 * T::kBlockN * T::kHeadDim;
+    return bwd_tail_workspace_floats<T>(p.tail);
   }
   return 0;
 }
@@ -113,8 +119,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   if constexpr (bwd_takes_tail_split<T>) {
     if (split) {  // the pieces first: the dense build's CTAs for their blocks return at once
-      err = cudaMemsetAsync(p.dkv_tail, 0,
-                            std::size_t(p.tail.blocks) * 2 * T::kBlockN * T::kHeadDim * sizeof(float), stream);
+      err = cudaMemsetAsync(p.dkv_tail, 0, bwd_tail_workspace_floats<T>(p.tail) * sizeof(float), stream);
       if (err == cudaSuccess) err = launch_bwd_main<Sm90BwdTail<T>>(p, tq, tk, tv, tdo, tdq, stream);
       if (err != cudaSuccess) return err;
     }
