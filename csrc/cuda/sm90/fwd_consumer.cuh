@@ -169,14 +169,18 @@ __device__ __forceinline__ void fwd_consumer(const FwdSmem<T> smem, FwdTileSched
       const bool need_mask = (key0 + kBN > p.seqlen_k) ||
                              (p.causal && key0 + kBN - 1 > q_tile * kBM + 64 * c + diag);
       if (need_mask) {
+        // Per row, the last visible key relative to the thread's first column; each element's test is then one
+        // compare with its constant offset t = 8i + e (as the variants' mask above).
 #pragma unroll
-        for (int i = 0; i < kBN / 8; ++i) {
+        for (int h = 0; h < 2; ++h) {
+          const int last = p.causal ? min(p.seqlen_k - 1, q_row0 + 8 * h + diag) : p.seqlen_k - 1;
+          const int hi = last - key0 - col_base;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = key0 + 8 * i + col_base + (e & 1);
-            const int row = q_row0 + 8 * (e >> 1);
-            const bool bad = key >= p.seqlen_k || (p.causal && key > row + diag);
-            if (bad) sacc[4 * i + e] = -INFINITY;
+          for (int i = 0; i < kBN / 8; ++i) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              if (8 * i + e > hi) sacc[4 * i + 2 * h + e] = -INFINITY;
+            }
           }
         }
       }
