@@ -225,21 +225,22 @@ def test_sm90_backward_lpt_order_matches_the_plain_build(name, head_ratio, softc
 TAIL_NAMES = [n for n in NAMES if not n.endswith(".lpt") and HopperBackwardConfig.parse(n).headdim <= 128]
 
 
-def _tail_shape(config, head_ratio):
+def _tail_shape(config, head_ratio, query_tiles=64):
     ctas_per_sm = 2 if config.block_n == 64 else 1
     wave = torch.cuda.get_device_properties(0).multi_processor_count * ctas_per_sm
     n_tiles = 3
     heads_k = wave // n_tiles + 1  # n_tiles * heads_k = wave + 1 .. wave + 3
     seqlen_k = n_tiles * config.block_n - 37
-    seqlen_q = 64 * config.block_m - 21  # 64 query tiles: blocks of fewer steps are not split (kBwdTailMinSteps)
+    seqlen_q = query_tiles * config.block_m - 21  # at least kBwdTailMinSteps steps
     return 1, seqlen_q, seqlen_k, heads_k * head_ratio, heads_k
 
 
+@pytest.mark.parametrize("query_tiles", [32, 64])  # from kBwdTailMinSteps steps
 @pytest.mark.parametrize("head_ratio", [1, 2], ids=["mha", "gqa"])
 @pytest.mark.parametrize("name", TAIL_NAMES)
-def test_sm90_backward_tail_split(name, head_ratio):
+def test_sm90_backward_tail_split(name, head_ratio, query_tiles):
     config = HopperBackwardConfig.parse(name)
-    shape = _tail_shape(config, head_ratio)
+    shape = _tail_shape(config, head_ratio, query_tiles)
     first, blocks, pieces = dispatch.hopper_module().backward_config_tail_split(name, *shape, False)
     assert pieces >= 2 and 1 <= blocks <= 3 and first == 3 * shape[4] - blocks, (first, blocks, pieces)
     assert dispatch.hopper_module().backward_config_tail_split(name, *shape, True)[2] == 0  # causal: none

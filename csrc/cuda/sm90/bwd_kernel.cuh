@@ -395,9 +395,10 @@ __device__ __forceinline__ BwdBlock bwd_block(const BwdParams& p) {
 // ------------------------------------------------------------------ tail split
 // A dense non-causal call whose last wave of blocks is at most half full (bwd_tail.h; the launch's p.tail) runs
 // those blocks as pieces over runs of their query steps: Sm90BwdTail<traits>, a kernel of their own launched
-// before the dense build, whose CTAs for them return at once. A piece adds its dK and dV into a workspace
+// after the dense build as its programmatic dependent (its CTAs fill the SMs the dense grid's last wave frees);
+// the dense build's CTAs for those blocks return at once. A piece adds its dK and dV into a workspace
 // (p.dkv_tail) that bwd_convert_tail_kernel writes out; dQ it adds as every block does. The dense build's walk
-// is unchanged (its code differs only in that first return).
+// is unchanged (its code differs only in its first lines: the return, and the trigger of the pieces' launch).
 template <class T>
 constexpr bool bwd_takes_tail_split = !T::kWide && !T::kVariants && !T::kLongestFirst && !T::kTail;
 
@@ -631,9 +632,12 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   using Elem = typename std::conditional<T::kBf16, __nv_bfloat16, __half>::type;
 
   if constexpr (bwd_takes_tail_split<T>) {
-    // Blocks of a tail split run as the pieces of Sm90BwdTail<T> (a kernel of their own, launched first).
-    if (p.tail.pieces > 0 && int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) >= p.tail.first_block)
-      return;
+    // Blocks of a tail split run as the pieces of Sm90BwdTail<T>, a grid launched after this one as its programmatic
+    // dependent: once every CTA here has started (or returned), its CTAs take the SMs this grid's last wave frees.
+    if (p.tail.pieces > 0) {
+      if (int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) >= p.tail.first_block) return;
+      asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    }
   }
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -1077,6 +1081,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
         }
       }
     }
+    // The pieces' grid ends only after the dense grid has (and its dQ adds are visible), so that the kernels
+    // launched after it see both.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     return;
   }
 

@@ -44,8 +44,24 @@ cudaError_t launch_bwd_main(const BwdParams& p, const CUtensorMap& tq, const CUt
   // Sm90BwdTail: one CTA per piece of the split blocks (bwd_tail.h).
   const dim3 grid = K::kTail ? dim3(unsigned(p.tail.blocks * p.tail.pieces))
                              : dim3((p.seqlen_k + K::kBlockN - 1) / K::kBlockN, p.heads_k, p.batch);
-  if constexpr (K::kWide) kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, tdo, p);
-  else kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, tdo, tdq, p);
+  if constexpr (K::kTail) {
+    // A programmatic dependent of the dense grid launched just before it (see Sm90BwdTail).
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(K::kThreads);
+    config.dynamicSmemBytes = K::kSmemBytes;
+    config.stream = stream;
+    cudaLaunchAttribute dependent;
+    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    dependent.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &dependent;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, tq, tk, tv, tdo, tdq, p);
+  } else if constexpr (K::kWide) {
+    kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, tdo, p);
+  } else {
+    kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(tq, tk, tv, tdo, tdq, p);
+  }
   return cudaGetLastError();
 }
 
@@ -117,12 +133,9 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
                             T::kHeadDim, T::kDQRows);
   }
   if (err != cudaSuccess) return err;
-  if constexpr (bwd_takes_tail_split<T>) {
-    if (split) {  // the pieces first: the dense build's CTAs for their blocks return at once
-      err = cudaMemsetAsync(p.dkv_tail, 0, bwd_tail_workspace_floats<T>(p.tail) * sizeof(float), stream);
-      if (err == cudaSuccess) err = launch_bwd_main<Sm90BwdTail<T>>(p, tq, tk, tv, tdo, tdq, stream);
-      if (err != cudaSuccess) return err;
-    }
+  if (split) {
+    err = cudaMemsetAsync(p.dkv_tail, 0, bwd_tail_workspace_floats<T>(p.tail) * sizeof(float), stream);
+    if (err != cudaSuccess) return err;
   }
   err = cudaErrorNotSupported;
   if constexpr (T::kSupportsVariants) {
@@ -130,6 +143,10 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     else if (variants) err = launch_bwd_main<Sm90BwdVariants<T>>(p, tq, tk, tv, tdo, tdq, stream);
   }
   if (!variants && !packed) err = launch_bwd_main<T>(p, tq, tk, tv, tdo, tdq, stream);
+  if constexpr (bwd_takes_tail_split<T>) {
+    // The pieces right after the dense grid, as its programmatic dependent.
+    if (split && err == cudaSuccess) err = launch_bwd_main<Sm90BwdTail<T>>(p, tq, tk, tv, tdo, tdq, stream);
+  }
   if (err != cudaSuccess) return err;
   sm80::bwd::bwd_convert_dq_kernel<Aux, T::kDQLayout>
       <<<dim3(g.conv[0], g.conv[1], g.conv[2]), sm80::bwd::kAuxThreads, 0, stream>>>(p);

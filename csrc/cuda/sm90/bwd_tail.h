@@ -22,10 +22,9 @@ namespace sm90 {
 // kernel's stage and phase arithmetic on the absolute step stays as it is.
 constexpr int kBwdTailQuantum = 4;
 
-// Blocks of fewer steps are not split: the split's fixed cost (a workspace memset, the pieces' kernel running
-// alone, a conversion kernel) outweighs what it saves of a short block. d128 bf16 backward, H200, against no
-// split: 16 steps (1k) 0.98x, 32 (2k) 1.00x, 256 (16k) 1.015x.
-constexpr int kBwdTailMinSteps = 64;
+// Blocks of fewer steps are not split: the split's fixed cost (a workspace memset, the pieces' grid, a conversion
+// kernel) outweighs what it saves of a short block: d128 bf16 backward, H200, 16 steps (1k) 0.99x against no split.
+constexpr int kBwdTailMinSteps = 32;
 
 // The split of `blocks` blocks of `steps` query steps each, `ctas_per_wave` of them resident at once:
 // the last wave's blocks are split when that wave is at most half full and follows a full one, into as
