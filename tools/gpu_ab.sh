@@ -14,6 +14,8 @@
 #   AB_BENCH                    flashop.bench arguments (default: bwd, d128 bf16, seqlens 1k 4k 16k)
 #   AB_ROUNDS                   benchmark turns per build, alternating (default 2)
 #   AB_TESTS                    pytest arguments run on the tree's build first (default none)
+#   AB_POWER                    tools/probes/power_probe.py arguments, run on each build after the benchmark
+#                               (default none): its clock and power, where a change moves energy per step
 #   AB_DEVICE                   cuda (default) or cpu (FLASHOP_CUDA=0 builds: checks this script on a CPU machine)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -73,6 +75,13 @@ case "${1:-}" in
            2>&1 | grep "^| " | tee -a "$OUT/ab_bench_$v.log") || status=1
       done
     done
+    if [ -n "${AB_POWER:-}" ]; then
+      for v in base tree; do
+        echo "=== power $v ($(date +%T))"
+        (cd "/tmp/ab_$v" && PYTHONPATH="/tmp/site:/tmp/ab_$v" python3 tools/probes/power_probe.py $AB_POWER 2>&1 \
+           | tail -5 | tee -a "$OUT/ab_power_$v.log") || status=1
+      done
+    fi
     exit $status
     ;;
   *)
