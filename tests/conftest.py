@@ -40,3 +40,17 @@ def cuda_cannot_run(device, dtype, headdim):
 def assert_cuda_refuses(fn):
     with pytest.raises(RuntimeError, match="no built CUDA kernel runs"):
         fn()
+
+
+def capture_cuda_graph(fn):
+    """(graph, fn's outputs in the graph's memory): fn run once on a side stream (lazy initialisation outside the
+    capture), then captured; graph.replay() reruns it on whatever its inputs then hold."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = fn()
+    return graph, outputs

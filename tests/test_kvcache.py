@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import flashop
-from conftest import DEVICES, cuda_cannot_run
+from conftest import DEVICES, capture_cuda_graph, cuda_cannot_run
 from reference import (assert_close_to_reference, assert_grad_close_to_reference, attention_reference,
                        stored_output_slack)
 
@@ -379,14 +379,7 @@ def test_decode_step_replays_in_a_cuda_graph():
         return flashop.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
                                                cache_seqlens=lens, causal=True)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up outside the graph
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = capture_cuda_graph(step)
     for t in range(3):
         new_lens = torch.tensor([6 + t, 200 + 7 * t, 400 + t], dtype=torch.int32, device=device)
         lens.copy_(new_lens)

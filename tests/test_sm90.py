@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import flashop
+from conftest import capture_cuda_graph
 from reference import assert_close_to_reference, attention_reference
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0)
@@ -266,14 +267,7 @@ def assert_graph_replays_match_eager(name, q, k, v):
     """Capture one non-causal launch of config `name` in a CUDA graph, then three times: new random q, k, v
     (in place), replay, and assert the same bits as an eager launch on the same inputs."""
     D = q.shape[-1]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        sm90.forward(q, k, v, D ** -0.5, False, name)  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = sm90.forward(q, k, v, D ** -0.5, False, name)
+    graph, (out, lse) = capture_cuda_graph(lambda: sm90.forward(q, k, v, D ** -0.5, False, name))
     for _ in range(3):
         for t in (q, k, v):
             t.copy_(torch.randn_like(t))

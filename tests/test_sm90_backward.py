@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import flashop
+from conftest import capture_cuda_graph
 from flashop import dispatch
 from flashop.configs import HopperBackwardConfig
 from reference import assert_grad_close_to_reference, attention_reference
@@ -269,14 +270,7 @@ def test_sm90_backward_tail_split_in_cuda_graph(name):
     def backward():
         return dispatch.hopper_module().backward(dout, q, k, v, out, lse, scale, False, False, name)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        backward()  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        grads = backward()
+    graph, grads = capture_cuda_graph(backward)
     for _ in range(2):
         for t in (q, k, v, dout):
             t.copy_(torch.randn_like(t))
