@@ -3,8 +3,9 @@
 // the CTAs one wave holds, the last wave runs a few blocks on an otherwise idle GPU (d128, 32k tokens:
 // 4096 blocks on 132 SMs leave 4 alone). If that wave is at most half full and the blocks are long
 // (kBwdTailMinSteps), each of its blocks runs instead as `pieces` CTAs, each over a run of the block's
-// query steps, in a kernel of their own (Sm90BwdTail) launched before the dense one. A piece adds its dK and
-// dV (fp32) into a workspace that a last kernel converts; dQ is added as every block adds it.
+// query steps, in a kernel of their own (Sm90BwdTail) launched after the dense one as its programmatic
+// dependent. A piece adds its dK and dV (fp32) into a workspace that a last kernel converts; dQ is added as
+// every block adds it.
 // Plain C++17 (no CUDA headers), so that a host test compiles it as it is (tests/test_sm90_swizzle.py);
 // the kernel runs the index arithmetic in 32 bits (see bwd_lpt.h on 64-bit divisions in device code).
 #pragma once
