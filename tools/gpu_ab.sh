@@ -14,6 +14,9 @@
 #   AB_BENCH                    flashop.bench arguments (default: bwd, d128 bf16, seqlens 1k 4k 16k)
 #   AB_ROUNDS                   benchmark turns per build, alternating (default 2)
 #   AB_TESTS                    pytest arguments run on the tree's build first (default none)
+#   AB_SANITIZE                 a compute-sanitizer tool, then tools/sanitize_cases.py arguments, run on the tree's
+#                               build after the tests (default none), e.g. "memcheck sm90.bwd.bf16.d128.*"; restricted
+#                               builds keep it short ($OUT/ab_sanitize.log)
 #   AB_POWER                    tools/probes/power_probe.py arguments, run on each build after the benchmark
 #                               (default none): its clock and power, where a change moves energy per step
 #   AB_DEVICE                   cuda (default) or cpu (FLASHOP_CUDA=0 builds: checks this script on a CPU machine)
@@ -66,6 +69,14 @@ case "${1:-}" in
       echo "=== tests on the tree's build ($(date +%T))"
       (cd /tmp/ab_tree && PYTHONPATH="/tmp/site:/tmp/ab_tree" python3 -m pytest -q $AB_TESTS 2>&1 | tail -3) \
         | tee "$OUT/ab_tests.log"
+    fi
+    if [ -n "${AB_SANITIZE:-}" ]; then
+      read -r -a sanitize <<< "$AB_SANITIZE"  # an array: the config patterns are not globbed
+      echo "=== compute-sanitizer ${sanitize[0]} on the tree's build ($(date +%T))"
+      (cd /tmp/ab_tree && PYTHONPATH="/tmp/site:/tmp/ab_tree" compute-sanitizer --tool "${sanitize[0]}" \
+         --error-exitcode 3 python3 tools/sanitize_cases.py "${sanitize[@]:1}" > "$OUT/ab_sanitize.log" 2>&1) \
+        || { echo "sanitizer ${sanitize[0]} failed"; status=1; }
+      tail -3 "$OUT/ab_sanitize.log"
     fi
     for round in $(seq "${AB_ROUNDS:-2}"); do
       for v in base tree; do
