@@ -8,7 +8,8 @@ import torch
 
 from conftest import DEVICES
 from flashop import dispatch
-from reference import assert_close_to_reference, assert_grad_close_to_reference, attention_reference
+from reference import (assert_close_to_reference, assert_grad_close_to_reference, attention_reference,
+                       stored_output_slack)
 
 HEADDIMS = (1, 8, 40, 59, 72, 80, 111, 160, 224)
 CUDA = [d for d in DEVICES if not isinstance(d, str)]  # the CUDA param only
@@ -62,9 +63,13 @@ def check(q, k, v, dout, causal, **configs):
         return torch.autograd.grad(o, leaves, dout.to(o.dtype))
 
     ref, lowp = reference_grads(True), reference_grads(False)
-    for name, ours, r, low, inp in zip(("dq", "dk", "dv"), grads, ref, lowp, (q, k, v)):
+    # dQ carries the rounding of the stored output in D = rowsum(dO o O) on top (at headdim 1 each row's dS is
+    # P dO (v - O), where that rounding is most of the error). dK's bound sums it over every query row of a KV
+    # head, far looser than dK's own error here, so dK keeps the plain criterion.
+    dq_slack, _ = stored_output_slack(q, k, out, ref_out, dout)
+    for name, ours, r, low, inp, slack in zip(("dq", "dk", "dv"), grads, ref, lowp, (q, k, v), (dq_slack, 0.0, 0.0)):
         assert ours.shape == inp.shape and ours.dtype == inp.dtype
-        assert_grad_close_to_reference(ours, r, low, name)
+        assert_grad_close_to_reference(ours, r, low, name, slack)
     return out, grads
 
 
