@@ -60,7 +60,7 @@ METHOD = """\
 * **Modes**: `fwd` is the forward under `torch.no_grad()`; `bwd` the backward alone (`torch.autograd.grad`
   of a forward run once beforehand); `fwd+bwd` the forward and its backward together.
 * **Timing on the GPU**: the median of CUDA-event timings by `triton.testing.do_bench` (warm-up 25 ms,
-  100 ms of repetitions, the L2 cache flushed before each call), after one untimed call of each
+  100 ms of repetitions and at least 25 calls, the L2 cache flushed before each call), after one untimed call of each
   implementation. The implementations are timed in turn, round after round (3 rounds, the order rotated
   each round), and each keeps the median of its rounds, so a stretch of higher or lower clock does not
   fall on one of them only.
@@ -134,11 +134,22 @@ def spin_up(device: str, seconds: float = 1.0) -> None:
         torch.cuda.synchronize()
 
 
+# do_bench repeats a call for `rep` ms: 100 ms is 4 calls of a 26 ms training step (d128, 16k), whose median
+# swings by several percent from one round to the next, so long calls get this many at least.
+MIN_TIMED_CALLS = 25
+
+
 def median_ms(fn, device: str) -> float:
     if device == "cuda":
         import triton.testing
 
-        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        rep = max(100.0, MIN_TIMED_CALLS * start.elapsed_time(end))
+        return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
     import torch.utils.benchmark as benchmark
 
     measurement = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=0.5)
