@@ -10,7 +10,7 @@ conversion, torch's own fills and copies) the time goes to.
         # as wall - kernels
     python3 tools/probes/kernel_breakdown.py --direction forward+backward --seqlens 2048 --timeline
         # each call as the benchmark runs it (after an L2 flush): every kernel's start after the flush ended and
-        # the GPU's idle time before it (median over the calls)
+        # the GPU's idle time before it (median over the calls); --sustain 3: after 3 s of back-to-back calls
     python3 tools/probes/kernel_breakdown.py --composition --seqlens 2048 16384 --causal
         # fwd, bwd and fwd+bwd of each implementation timed in one process: what the training step's call costs
         # beyond its forward and its backward timed apart
@@ -21,6 +21,7 @@ import argparse
 import collections
 import dataclasses
 import statistics
+import time
 
 import torch
 import triton.testing
@@ -43,14 +44,23 @@ def breakdown(fn, repeats):
     return sorted(per_kernel.items(), key=lambda kv: -kv[1])
 
 
-def timeline(fn, repeats):
+def timeline(fn, repeats, sustain=0.0):
     """(kernel, median start after the flush, median idle time before it, median duration) in ms, per kernel of
     one call, each call run as triton's do_bench runs it: behind a pass over 256 MB that flushes the L2 (an int8
-    add, whose kernel no attention call launches, marks where each call starts)."""
+    add, whose kernel no attention call launches, marks where each call starts). With `sustain` the calls run back
+    to back for that many seconds first, inside the profiled region (starting the profiler idles the GPU, which
+    then boosts its clock again), and only the last `repeats` count: they see the clock the benchmark's sustained
+    load settles at (at the power limit), not a cool GPU's boost clock."""
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.time()
+        while time.time() - start < sustain:
+            for _ in range(4):
+                flush.add_(1)
+                fn()
+            torch.cuda.synchronize()
         for _ in range(repeats):
             flush.add_(1)
             fn()
@@ -64,6 +74,7 @@ def timeline(fn, repeats):
             calls.append(current)
         elif current is not None:
             current["kernels"].append(event)
+    calls = calls[-repeats:]
     rows = collections.defaultdict(lambda: ([], [], []))
     for call in calls:
         previous_end = call["flush_end"]
@@ -111,10 +122,15 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeline", action="store_true",
                         help="each kernel's start and the idle time before it, calls run behind an L2 flush")
+    parser.add_argument("--sustain", type=float, default=0.0, metavar="SECONDS",
+                        help="--timeline: run the calls back to back this long before the profiled ones")
+    parser.add_argument("--impls", nargs="+", default=["flashop", "flash", "cudnn"],
+                        help="the implementations to run (flashop, flash, cudnn)")
     parser.add_argument("--composition", action="store_true",
                         help="per implementation: fwd, bwd and fwd+bwd timed in one process, and what the "
                              "fwd+bwd call costs beyond the other two")
-    parser.add_argument("--rounds", type=int, default=3, help="--composition: turns of the three timings")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="--composition: turns of the three timings; --timeline: turns of the implementations")
     parser.add_argument("--configs", nargs="*", default=[],
                         help="flashop kernel configs to time as well, next to the policy's pick")
     args = parser.parse_args()
@@ -126,24 +142,38 @@ def main():
               f"({case.batch}x{case.heads}); ms per call")
         if args.composition:
             print("impl     fwd / bwd / fwd+bwd (ms), fwd+bwd - fwd - bwd")
-            for impl in ("flashop", "flash", "cudnn"):
+            for impl in args.impls:
                 ms = composition(impl, case, args.rounds)
                 extra = ms["fwd+bwd"] - ms["fwd"] - ms["bwd"]
                 print(f"{impl:8s} {ms['fwd']:8.3f} {ms['bwd']:8.3f} {ms['fwd+bwd']:8.3f}  {extra:+7.3f} "
                       f"({100 * extra / (ms['fwd'] + ms['bwd']):+.1f}%)")
             continue
-        runs = [("flashop", None)] + [("flashop", c) for c in args.configs] + [("flash", None), ("cudnn", None)]
+        runs = [(impl, None) for impl in args.impls] + [("flashop", c) for c in args.configs]
+        runners = {}
         for impl, config in runs:
             if config is not None and args.direction == "backward":
-                fn = named_backward_runner(case, config)
+                runners[impl if config is None else config] = named_backward_runner(case, config)
             else:
-                fn = make_runner(impl, case, "cuda", config=config)
-            label = impl if config is None else config
-            if args.timeline:
+                runners[impl if config is None else config] = make_runner(impl, case, "cuda", config=config)
+        if args.timeline:
+            # Rounds in turn, the order rotated each round (the clock drifts down by a few percent over tens of
+            # seconds as the GPU warms, which favours whatever runs first); each figure is the median over rounds.
+            labels = list(runners)
+            samples = {label: collections.defaultdict(list) for label in labels}
+            for r in range(args.rounds):
+                for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+                    for i, row in enumerate(timeline(runners[label], max(args.repeats, 20), args.sustain)):
+                        samples[label][(i, row[0])].append(row[1:])
+            for label in labels:
                 print(f"{label:8s} kernel: start after the flush / idle before it / duration (ms)")
-                for name, start, idle, duration in timeline(fn, max(args.repeats, 20)):
+                call = 0.0
+                for (_, name), rows in sorted(samples[label].items()):
+                    start, idle, duration = (statistics.median(column) for column in zip(*rows))
+                    call = max(call, start + duration)
                     print(f"    {start:8.3f} {idle:8.3f} {duration:8.3f}  {name[:100]}")
-                continue
+                print(f"    call (flush end to last kernel end): {call:8.3f}")
+            continue
+        for label, fn in runners.items():
             rows = breakdown(fn, args.repeats)
             total = sum(ms for _, ms in rows)
             # Wall time of the call on the GPU (the benchmark's measure, L2 flushed before each call)
