@@ -4,13 +4,17 @@ conversion, torch's own fills and copies) the time goes to.
 
     python3 tools/probes/kernel_breakdown.py --direction backward --headdim 128 --seqlens 1024 16384 --causal
     python3 tools/probes/kernel_breakdown.py --direction forward --headdim 64 --seqlens 1024 --causal \
-        --configs NAME [NAME ...]   # also these configs (of the direction's family), next to the policy's pick
+        --configs NAME [NAME ...]   # also these configs next to the policy's pick (a backward config, bwd.* or
+                                    # sm90.bwd.*, runs behind the policy's forward in forward+backward)
     python3 tools/probes/kernel_breakdown.py --direction forward+backward --seqlens 1024 --causal
         # a training step's call (the benchmark's fwd+bwd): idle time between the forward and the backward shows
         # as wall - kernels
     python3 tools/probes/kernel_breakdown.py --direction forward+backward --seqlens 2048 --timeline
         # each call as the benchmark runs it (after an L2 flush): every kernel's start after the flush ended and
         # the GPU's idle time before it (median over the calls); --sustain 3: after 3 s of back-to-back calls
+    python3 tools/probes/kernel_breakdown.py --direction forward+backward --seqlens 4096 --causal --ab --impls cudnn \
+        --configs sm90.bwd.bf16.d128.br64.bc128 sm90.bwd.bf16.d128.br64.bc128.lpt
+        # the benchmark's timing and a loop timed as a whole, per implementation and named config, in turn
     python3 tools/probes/kernel_breakdown.py --composition --seqlens 2048 16384 --causal
         # fwd, bwd and fwd+bwd of each implementation timed in one process: what the training step's call costs
         # beyond its forward and its backward timed apart
@@ -27,7 +31,7 @@ import torch
 import triton.testing
 from torch.profiler import ProfilerActivity, profile
 
-from flashop.bench import MODES, Case, make_runner
+from flashop.bench import MODES, Case, make_runner, median_ms
 
 
 def breakdown(fn, repeats):
@@ -102,14 +106,49 @@ def composition(impl, case, rounds):
 
 
 def named_backward_runner(case, config):
-    """The backward op with a named backward config on the case's inputs (the forward run once beforehand by
-    the policy's pick): the benchmark's runners name forward configs only."""
+    """The backward op with a named backward config on the case's inputs (for bwd the forward run once
+    beforehand by the policy's pick, for fwd+bwd in every call): the benchmark's runners name forward configs
+    only."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
     q, k, v = (torch.randn(case.batch, case.seqlen, case.heads, case.headdim, device="cuda", dtype=dtype)
                for _ in range(3))
     out, lse = torch.ops.flashop.forward(q, k, v, None, case.causal)
     dout = torch.randn_like(out)
+    if case.mode == "fwd+bwd":
+        def forward_backward():
+            out, lse = torch.ops.flashop.forward(q, k, v, None, case.causal)
+            torch.ops.flashop.backward(dout, q, k, v, out, lse, None, case.causal, config)
+        return forward_backward
     return lambda: torch.ops.flashop.backward(dout, q, k, v, out, lse, None, case.causal, config)
+
+
+def loop_ms(fn, seconds=1.0):
+    """ms per call over back-to-back calls for about `seconds`, each behind do_bench's L2 flush (a zeroed
+    256 MB int32 buffer), timed by one pair of CUDA events around the whole loop (no event between calls), less
+    as many flushes timed alone."""
+    flush = torch.empty(64 << 20, dtype=torch.int32, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    flush.zero_()
+    fn()
+    end.record()
+    end.synchronize()
+    calls = max(5, int(seconds * 1e3 / start.elapsed_time(end)))
+    start.record()
+    for _ in range(calls):
+        flush.zero_()
+        fn()
+    end.record()
+    end.synchronize()
+    flush_start, flush_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    flush_start.record()
+    for _ in range(calls):
+        flush.zero_()
+    flush_end.record()
+    flush_end.synchronize()
+    return (start.elapsed_time(end) - flush_start.elapsed_time(flush_end)) / calls
 
 
 def main():
@@ -122,6 +161,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeline", action="store_true",
                         help="each kernel's start and the idle time before it, calls run behind an L2 flush")
+    parser.add_argument("--ab", action="store_true",
+                        help="each implementation and config timed as the benchmark times it (median_ms) and as a "
+                             "loop without events between calls, in turn for --rounds rounds")
     parser.add_argument("--sustain", type=float, default=0.0, metavar="SECONDS",
                         help="--timeline: run the calls back to back this long before the profiled ones")
     parser.add_argument("--impls", nargs="+", default=["flashop", "flash", "cudnn"],
@@ -151,10 +193,26 @@ def main():
         runs = [(impl, None) for impl in args.impls] + [("flashop", c) for c in args.configs]
         runners = {}
         for impl, config in runs:
-            if config is not None and args.direction == "backward":
+            if config is not None and ".bwd." in f".{config}":  # a backward config (bwd.*, sm90.bwd.*)
                 runners[impl if config is None else config] = named_backward_runner(case, config)
             else:
                 runners[impl if config is None else config] = make_runner(impl, case, "cuda", config=config)
+        if args.ab:
+            # The benchmark's timing (flashop.bench.median_ms: do_bench with its events around each call) and a loop
+            # timed as a whole, every runner in turn, the order rotated each round; medians over the rounds.
+            labels = list(runners)
+            samples = {label: ([], []) for label in labels}
+            for r in range(args.rounds):
+                for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+                    samples[label][0].append(median_ms(runners[label], "cuda"))
+                    samples[label][1].append(loop_ms(runners[label]))
+            first = labels[0]
+            bench0, loop0 = (statistics.median(x) for x in samples[first])
+            print(f"{'':36s} {'median_ms':>10s} {'loop':>10s}   {first} / this (median_ms, loop)")
+            for label in labels:
+                bench, loop = (statistics.median(x) for x in samples[label])
+                print(f"{label[:36]:36s} {bench:10.3f} {loop:10.3f}   {bench0 / bench:6.3f} {loop0 / loop:6.3f}")
+            continue
         if args.timeline:
             # Rounds in turn, the order rotated each round (the clock drifts down by a few percent over tens of
             # seconds as the GPU warms, which favours whatever runs first); each figure is the median over rounds.
