@@ -46,7 +46,10 @@ MODE_TITLES = {"fwd": "Forward", "bwd": "Backward", "fwd+bwd": "Forward + backwa
 PEER_LABELS = {"flash": "FA2", "cudnn": "cuDNN", "torch": "torch"}
 REPORT_FORMAT = 1
 
-METHOD = """\
+# Seconds of an implementation's own back-to-back calls before each of its timings (why: METHOD, Timing on the GPU).
+SETTLE_SECONDS = 0.3
+
+METHOD = f"""\
 ## Method
 
 * **Work**: FLOPs = 4·B·Hq·Sq·Sk·D for the forward, halved when causal (Sq = Sk here); the backward
@@ -59,11 +62,14 @@ METHOD = """\
   (`config=None`), as a user's call would.
 * **Modes**: `fwd` is the forward under `torch.no_grad()`; `bwd` the backward alone (`torch.autograd.grad`
   of a forward run once beforehand); `fwd+bwd` the forward and its backward together.
-* **Timing on the GPU**: the median of CUDA-event timings by `triton.testing.do_bench` (warm-up 25 ms,
-  100 ms of repetitions and at least 25 calls, the L2 cache flushed before each call), after one untimed call of each
-  implementation. The implementations are timed in turn, round after round (3 rounds, the order rotated
-  each round), and each keeps the median of its rounds, so a stretch of higher or lower clock does not
-  fall on one of them only.
+* **Timing on the GPU**: the median of CUDA-event timings by `triton.testing.do_bench` (warm-up 25 ms, 100 ms of
+  repetitions and at least 25 calls, the L2 cache flushed before each call), after one untimed call of each
+  implementation. The implementations are timed in turn, round after round (3 rounds; round pairs take the order
+  and its reverse, rotated by one more each pair, so that each follows each other about equally often), each
+  after {SETTLE_SECONDS} s of its own back-to-back calls, and each keeps the median of its rounds, so a stretch of higher or
+  lower clock does not fall on one of them only. At the power limit the clock follows the last few hundred ms of
+  load: with the order only rotated, the implementation timed after FA2 (which draws less power) gained
+  1.5-2.5%. Each device's header names the timing its rows had.
 * **Timing on the CPU**: the median of `torch.utils.benchmark.Timer.blocked_autorange` (at least 0.5 s).
 * **Peers**, in the same process: on the GPU `torch.nn.functional.scaled_dot_product_attention` with the
   FLASH_ATTENTION backend (FlashAttention-2, "FA2") and the CUDNN_ATTENTION backend ("cuDNN"); on the CPU
@@ -227,11 +233,34 @@ def cuda_cases(args):
                             yield Case(dtype, headdim, seqlen, batch, heads, causal, mode)
 
 
-def run_case(case: Case, device: str, peers: list[str], config=None, rounds: int = 1) -> Result:
+def settle(fn, device: str, seconds: float = SETTLE_SECONDS) -> None:
+    if device != "cuda" or seconds <= 0:
+        return
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(4):
+            fn()
+        torch.cuda.synchronize()
+
+
+def timing_orders(impls: list[str], rounds: int) -> list[list[str]]:
+    """The order of each round: round pairs take the list and its reverse, each rotated by one more each pair, so
+    that over 2n rounds each of n implementations runs first twice and follows each neighbour in the list, on
+    either side, equally often (with three, every other one; a plain rotation keeps one predecessor for each)."""
+    orders = []
+    for r in range(rounds):
+        base = impls if r % 2 == 0 else impls[::-1]
+        shift = (r // 2) % len(impls)
+        orders.append(base[shift:] + base[:shift])
+    return orders
+
+
+def run_case(case: Case, device: str, peers: list[str], config=None, rounds: int = 1,
+             settle_seconds: float = SETTLE_SECONDS) -> Result:
     """Each implementation's median time; with rounds > 1 the implementations are timed in turn, round after
-    round (the order rotated each round), and each keeps the median of its rounds: the GPU's clock drifts
-    with temperature and power over seconds, and a peer timed in one cool or hot stretch would carry that
-    into the ratio."""
+    round (`timing_orders`), each after `settle_seconds` of its own calls, and each keeps the median of its
+    rounds: the GPU's clock drifts with temperature and power over seconds, and a peer timed in one cool or
+    hot stretch would carry that into the ratio."""
     result = Result(case)
     impls = ["flashop"] + peers
     runners, samples = {}, {impl: [] for impl in impls}
@@ -242,9 +271,10 @@ def run_case(case: Case, device: str, peers: list[str], config=None, rounds: int
         except RuntimeError as err:  # a peer backend that refuses the shape (e.g. cuDNN d256 backward)
             print(f"  {impl} failed on {case}: {str(err).splitlines()[0]}")
             runners.pop(impl, None)
-    for r in range(rounds):
-        for impl in impls[r % len(impls):] + impls[:r % len(impls)]:
+    for order in timing_orders(impls, rounds):
+        for impl in order:
             if impl in runners:
+                settle(runners[impl], device, settle_seconds)
                 samples[impl].append(median_ms(runners[impl], device))
     for impl in impls:
         result.ms[impl] = statistics.median(samples[impl]) if samples[impl] else float("nan")
@@ -748,6 +778,7 @@ def make_report(results: list[Result], args, peers: list[str]) -> dict:
     if args.device == "cuda":
         report["cuda"] = torch.version.cuda
         report["cudnn"] = torch.backends.cudnn.version()
+        report["timing"] = f"order balanced over rounds, {SETTLE_SECONDS} s settle"
     else:
         report["threads"] = torch.get_num_threads()
         # Which copy of each side's CPU kernels ran (FLASHOP_CPU_ISA and ATEN_CPU_CAPABILITY force them).
@@ -815,7 +846,7 @@ def device_section(report: dict, heading: str = "##") -> str:
     lines = [f"{heading} {title}", "",
              f"{env}; measured {report['date']}; batch x seqlen = {report['tokens']} tokens, "
              f"{report['rounds']} round{'s' if report['rounds'] != 1 else ''}. {u}, higher is better; "
-             "ratios > 1: flashop faster.", ""]
+             "ratios > 1: flashop faster." + (f" Timing: {report['timing']}." if report.get("timing") else ""), ""]
     if report.get("config"):
         lines[-1:-1] = [f"flashop forced to run `{report['config']}` (not the policy's pick).", ""]
     if report.get("variants"):

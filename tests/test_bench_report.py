@@ -20,7 +20,7 @@ def gpu_report(flashop_1k_ms=1.0):
     return {
         "format": bench.REPORT_FORMAT, "device": "cuda", "name": "NVIDIA H100 80GB HBM3", "slug": "h100",
         "date": "2000-01-01", "torch": "2.x", "cuda": "12.x", "cudnn": 90000, "tokens": 32768, "rounds": 3,
-        "peers": ["flash", "cudnn"], "config": None,
+        "peers": ["flash", "cudnn"], "config": None, "timing": "order balanced over rounds, 0.3 s settle",
         "results": [
             row("fwd", 1024, {"flashop": flashop_1k_ms, "flash": 2.0, "cudnn": None}),  # cuDNN refused it
             row("fwd", 2048, {"flashop": 2.0, "flash": 2.0, "cudnn": 1.0}),
@@ -77,8 +77,9 @@ def test_report_tables_from_json(tmp_path):
     # Summary: harmonic means over seqlens; fwd vs FA2 over 2.0 and 1.0 is 4/3, vs cuDNN only 0.5 counts.
     summary = table_rows(gpu, "Summary")
     assert summary == [["bf16", "128", "False", "1.33", "0.50", "2.00", "1.00", "1.00", "2.00"]]
+    assert "Timing: order balanced" in gpu
     cpu = md.split("## CPU: Some CPU", 1)[1]
-    assert "GFLOP/s" in cpu and "2 threads" in cpu
+    assert "Timing:" not in cpu and "GFLOP/s" in cpu and "2 threads" in cpu
     cpu_fwd = table_rows(cpu, "Forward")
     assert cpu_fwd[0][-1] == "2.50" and cpu_fwd[0][4] == "64x32"
 
@@ -111,6 +112,18 @@ def test_tiny_cpu_benchmark_end_to_end(tmp_path):
     assert fwd[:5] == ["fp32", "64", "False", "128", "2x2"]
     assert float(fwd[-1]) == pytest.approx(results[0].ms["torch"] / results[0].ms["flashop"], abs=0.01)
     assert os.path.getsize(tmp_path / "bench_cpu.png") > 1000
+
+
+@pytest.mark.parametrize("impls", [["flashop", "flash", "cudnn"], ["flashop", "torch"], ["a", "b", "c", "d"]])
+def test_timing_orders_balance_predecessors(impls):
+    """Over 2n rounds every implementation runs first in two of them, and each follows each other one equally
+    often within a round (a plain rotation keeps one predecessor for each)."""
+    orders = bench.timing_orders(impls, 2 * len(impls))
+    assert all(sorted(order) == sorted(impls) for order in orders)
+    assert all(sum(order[0] == impl for order in orders) == 2 for impl in impls)
+    if len(impls) == 3:
+        follows = [(a, b) for order in orders for a, b in zip(order, order[1:])]
+        assert {follows.count((a, b)) for a in impls for b in impls if a != b} == {2}
 
 
 def test_variant_flops_count_the_visible_pairs():

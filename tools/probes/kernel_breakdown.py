@@ -31,7 +31,7 @@ import torch
 import triton.testing
 from torch.profiler import ProfilerActivity, profile
 
-from flashop.bench import MODES, Case, make_runner, median_ms
+from flashop.bench import MODES, Case, make_runner, median_ms, timing_orders
 
 
 def breakdown(fn, repeats):
@@ -199,11 +199,11 @@ def main():
                 runners[impl if config is None else config] = make_runner(impl, case, "cuda", config=config)
         if args.ab:
             # The benchmark's timing (flashop.bench.median_ms: do_bench with its events around each call) and a loop
-            # timed as a whole, every runner in turn, the order rotated each round; medians over the rounds.
+            # timed as a whole, every runner in turn (the benchmark's timing_orders); medians over the rounds.
             labels = list(runners)
             samples = {label: ([], []) for label in labels}
-            for r in range(args.rounds):
-                for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            for order in timing_orders(labels, args.rounds):
+                for label in order:
                     samples[label][0].append(median_ms(runners[label], "cuda"))
                     samples[label][1].append(loop_ms(runners[label]))
             first = labels[0]
@@ -214,12 +214,12 @@ def main():
                 print(f"{label[:36]:36s} {bench:10.3f} {loop:10.3f}   {bench0 / bench:6.3f} {loop0 / loop:6.3f}")
             continue
         if args.timeline:
-            # Rounds in turn, the order rotated each round (the clock drifts down by a few percent over tens of
+            # Rounds in turn in the benchmark's timing_orders (the clock drifts down by a few percent over tens of
             # seconds as the GPU warms, which favours whatever runs first); each figure is the median over rounds.
             labels = list(runners)
             samples = {label: collections.defaultdict(list) for label in labels}
-            for r in range(args.rounds):
-                for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            for order in timing_orders(labels, args.rounds):
+                for label in order:
                     for i, row in enumerate(timeline(runners[label], max(args.repeats, 20), args.sustain)):
                         samples[label][(i, row[0])].append(row[1:])
             for label in labels:
