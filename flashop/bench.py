@@ -66,8 +66,8 @@ METHOD = f"""\
   repetitions and at least 25 calls, the L2 cache flushed before each call), after one untimed call of each
   implementation. The implementations are timed in turn, round after round (3 rounds; round pairs take the order
   and its reverse, rotated by one more each pair, so that each follows each other about equally often), each
-  after {SETTLE_SECONDS} s of its own back-to-back calls, and each keeps the median of its rounds, so a stretch of higher or
-  lower clock does not fall on one of them only. At the power limit the clock follows the last few hundred ms of
+  after {SETTLE_SECONDS} s of its own back-to-back calls, and each keeps the median of its rounds, so a stretch
+  of higher or lower clock does not fall on one of them only. At the power limit the clock follows the last few hundred ms of
   load: with the order only rotated, the implementation timed after FA2 (which draws less power) gained
   1.5-2.5%. Each device's header names the timing its rows had.
 * **Timing on the CPU**: the median of `torch.utils.benchmark.Timer.blocked_autorange` (at least 0.5 s).
